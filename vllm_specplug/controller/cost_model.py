@@ -1,0 +1,166 @@
+"""Step time as a function of what a step does, learned online.
+
+A speculative step costs the target's forward pass over every scheduled
+token (prefill chunks, one token per decoding request and its drafts) plus
+the proposer's work for the next step, which grows with the number of draft
+positions ``K_step`` it runs (a draft model runs ``K_step`` passes over the
+batch; n-gram lookup costs almost nothing).  We model
+
+    t = c0 + cB * B + cT * T + cK * K_step + cBK * B * K_step
+
+and fit it by exponentially forgotten ridge regression toward a prior.  The
+prior has no device constants: it is a *shape* (relative costs, e.g. "a
+verified draft token costs a tenth of a decode step", "a draft pass costs
+draft_params/target_params of a target pass"), scaled by the first step time
+actually measured.  The ridge term keeps directions that the data does not
+excite (e.g. ``K_step`` never varied yet) at the prior instead of letting
+them drift.
+
+Timing is noisy and can be garbage (a stalled clock, a GC pause); a sample
+that is not finite or not positive is dropped, and after warm-up a sample's
+relative error is clipped to a band scaled by the running error, so one
+outlier cannot swing K.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+FEATURES = ("intercept", "batch", "tokens", "k_step", "batch_x_k_step")
+
+
+@dataclass(frozen=True)
+class CostPrior:
+    """Relative cost shape; units are 'one decode step of one request'."""
+
+    intercept: float = 1.0
+    per_request: float = 0.05
+    per_token: float = 0.10
+    per_draft_pass: float = 0.0
+    per_draft_token: float = 0.0
+    # Pseudo-observations behind the prior: small, so data wins quickly.
+    strength: float = 0.5
+
+    def vector(self) -> np.ndarray:
+        return np.array(
+            [
+                self.intercept,
+                self.per_request,
+                self.per_token,
+                self.per_draft_pass,
+                self.per_draft_token,
+            ]
+        )
+
+    @classmethod
+    def for_platform(
+        cls, platform: str, draft_kind: str, draft_size_ratio: float = 0.0
+    ) -> "CostPrior":
+        """A starting shape for ``platform`` ('cpu', 'cuda', ...).
+
+        On a CPU the target is compute-bound almost at once: each extra token
+        in a forward pass costs a visible fraction of a step (measured here:
+        verifying 4 drafts costs about 2x a plain step).  On a GPU small
+        batches are memory-bound and extra tokens are nearly free.  A draft
+        model's passes cost about its size relative to the target.
+        """
+        per_token = 0.25 if platform == "cpu" else 0.02
+        per_request = 0.05 if platform == "cpu" else 0.005
+        if draft_kind == "model":
+            ratio = 0.5 * min(max(draft_size_ratio, 0.02), 1.0)
+            return cls(
+                per_token=per_token,
+                per_request=per_request,
+                per_draft_pass=ratio,
+                per_draft_token=ratio * per_token,
+            )
+        # n-gram / suffix lookups run on the host and cost little per step.
+        return cls(per_token=per_token, per_request=per_request, per_draft_pass=0.005)
+
+
+def features(batch: float, tokens: float, k_step: float) -> np.ndarray:
+    return np.array([1.0, batch, tokens, k_step, batch * k_step])
+
+
+class StepCostModel:
+    def __init__(
+        self,
+        prior: CostPrior | None = None,
+        forgetting: float = 0.98,
+        warmup: int = 8,
+    ) -> None:
+        self.prior = prior or CostPrior()
+        self.forgetting = forgetting
+        self._rel_scale = 0.1
+        self.warmup = warmup
+        n = len(FEATURES)
+        self._theta0 = self.prior.vector()
+        self._ridge = self.prior.strength * np.eye(n)
+        self._xtx = np.zeros((n, n))
+        self._xty = np.zeros(n)
+        self._theta = self._theta0.copy()
+        self._scaled = False
+        self.num_observations = 0
+        self.num_rejected = 0
+
+    @property
+    def theta(self) -> np.ndarray:
+        return self._theta
+
+    @property
+    def calibrated(self) -> bool:
+        return self._scaled
+
+    def predict(self, batch: float, tokens: float, k_step: float) -> float:
+        return float(features(batch, tokens, k_step) @ self._theta)
+
+    def predict_many(
+        self, batch: float, tokens: np.ndarray, k_step: np.ndarray
+    ) -> np.ndarray:
+        th = self._theta
+        return th[0] + th[1] * batch + th[2] * tokens + (th[3] + th[4] * batch) * k_step
+
+    def observe(self, batch: float, tokens: float, k_step: float, seconds: float) -> bool:
+        """Add one measured step; returns False when the sample was dropped."""
+        if not (isinstance(seconds, (int, float)) and math.isfinite(seconds)) or seconds <= 0:
+            self.num_rejected += 1
+            return False
+        x = features(batch, tokens, k_step)
+        if not self._scaled:
+            # Express the prior in seconds using the first real measurement.
+            unit = float(x @ self._theta0)
+            scale = seconds / unit if unit > 0 else seconds
+            self._theta0 = self._theta0 * scale
+            self._theta = self._theta0.copy()
+            self._scaled = True
+        pred = float(x @ self._theta)
+        if self.num_observations >= self.warmup and pred > 0:
+            # Huber-style: clip the relative residual to a few times its own
+            # running scale, so a GC pause or a stalled clock moves the fit
+            # by at most a little.
+            rel = seconds / pred - 1.0
+            bound = 3.0 * max(self._rel_scale, 0.05)
+            if abs(rel) > bound:
+                self.num_rejected += 1
+                rel = max(-bound, min(rel, bound))
+                seconds = pred * (1.0 + rel)
+            self._rel_scale = 0.95 * self._rel_scale + 0.05 * abs(rel)
+        lam = self.forgetting
+        self._xtx = lam * self._xtx + np.outer(x, x)
+        self._xty = lam * self._xty + x * seconds
+        self.num_observations += 1
+        a = self._xtx + self._ridge
+        b = self._xty + self._ridge @ self._theta0
+        try:
+            theta = np.linalg.solve(a, b)
+        except np.linalg.LinAlgError:
+            return True
+        if np.all(np.isfinite(theta)):
+            # Costs never fall when a step does more work: a negative slope is
+            # noise, and would make draft slots look free.
+            theta[1:] = np.maximum(theta[1:], 0.0)
+            self._theta = theta
+        return True

@@ -1,0 +1,313 @@
+"""The thin vLLM adapter: a scheduler that asks the controller for K.
+
+Select it with ``--scheduler-cls vllm_specplug.AdaptiveSpecScheduler`` (or
+``LLM(scheduler_cls=...)``).  Every override calls ``super()``; no vLLM
+method body is copied.  What each override adds:
+
+- ``add_request`` / ``_free_request``: register a request with the
+  controller (with its ``specplug_max_k`` ceiling) and free its state.
+- ``_update_after_schedule`` (the end of ``schedule()``): ask the controller
+  for this step's plan, set ``num_spec_tokens_to_schedule`` (K_step: how many
+  draft positions the proposer runs at the end of the step), and remember
+  each request's k_r.  In async mode the per-request placeholders are sized
+  to k_r here, as vLLM sizes them to K_step.
+- ``update_draft_token_ids`` (sync mode): trim each request's fresh drafts to
+  its k_r before vLLM stores them, so only those are verified next step.
+- ``update_from_output``: before vLLM consumes the output, read drafted and
+  accepted counts per request and the step's duration, and feed them to the
+  controller.
+
+Verification stays vLLM's: only the number of drafts offered changes, so
+output is identical to plain decoding.  Any exception inside the controller
+is caught here, logged once with its traceback, and the step proceeds with
+vLLM's own behaviour (static K), so a controller bug never fails a request.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import traceback
+from typing import Any
+
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.outputs import DraftTokenIds
+
+from vllm_specplug.config import (
+    SpecPlugConfig,
+    SpecPlugRequestError,
+    parse_request_args,
+)
+from vllm_specplug.controller import ControllerSettings, CostPrior, SpecController
+
+logger = logging.getLogger("vllm.specplug")
+
+# Proposers that honour a K_step below num_speculative_tokens.  The others
+# (suffix, ngram_gpu, medusa, ...) assert K_step == num_speculative_tokens:
+# for them K_step stays pinned and only per-request trimming adapts.
+ADAPTIVE_K_STEP_METHODS = frozenset({"ngram", "draft_model", "eagle", "eagle3"})
+DRAFT_MODEL_METHODS = frozenset({"draft_model", "eagle", "eagle3", "mtp", "medusa"})
+
+
+def _approx_params(hf_config: Any) -> float:
+    """Rough parameter count from a Hugging Face config (for the cost prior)."""
+    text = getattr(hf_config, "text_config", None) or hf_config
+    hidden = getattr(text, "hidden_size", 0) or 0
+    layers = getattr(text, "num_hidden_layers", 0) or 0
+    inter = getattr(text, "intermediate_size", 0) or 4 * hidden
+    vocab = getattr(text, "vocab_size", 0) or 0
+    return float(layers * (4 * hidden * hidden + 3 * hidden * inter) + vocab * hidden)
+
+
+class AdaptiveSpecState:
+    """Everything the adapter keeps per scheduler: config, controller, plan."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        vllm_config = scheduler.vllm_config
+        spec = vllm_config.speculative_config
+        self.enabled = False
+        self.reason = ""
+        self.num_spec_tokens = int(getattr(scheduler, "num_spec_tokens", 0) or 0)
+        self.method = getattr(spec, "method", None) if spec is not None else None
+        additional = getattr(vllm_config, "additional_config", None) or {}
+        # Validated even when inert, so a typo is never silently ignored.
+        self.config = SpecPlugConfig.from_additional_config(additional, self.num_spec_tokens)
+        if spec is None or self.num_spec_tokens <= 0:
+            self.reason = ("no speculative config: nothing to adapt, the scheduler "
+                           "behaves exactly like vLLM's")
+            return
+        from vllm_specplug.plugin import missing_features
+
+        missing = missing_features()
+        if missing:
+            self.reason = f"vLLM lacks {', '.join(missing)}"
+            return
+        self.ceiling = self.config.ceiling(self.num_spec_tokens)
+        dp = getattr(vllm_config.parallel_config, "data_parallel_size", 1) or 1
+        self.k_step_pinned = self.method not in ADAPTIVE_K_STEP_METHODS or dp > 1
+        self.pin_reason = ("data_parallel_size > 1" if dp > 1 else
+                           f"method {self.method!r} needs a fixed K")
+        self.controller = SpecController(
+            ControllerSettings(
+                max_k=self.ceiling,
+                policy=self.config.policy,
+                static_k=self.config.static_k,
+                forgetting=self.config.forgetting,
+                prior_strength=self.config.prior_strength,
+                initial_acceptance=self.config.initial_acceptance,
+                cost_forgetting=self.config.cost_forgetting,
+                min_gain=self.config.min_gain,
+                probe_k=min(self.config.probe_k, max(self.ceiling, 1)),
+                probe_interval=self.config.probe_interval,
+                probe_max_interval=self.config.probe_max_interval,
+            ),
+            cost_prior=self._cost_prior(vllm_config, spec),
+        )
+        self.enabled = True
+        self.planned: dict[str, int] = {}
+        self.sched_end: float | None = None
+        self.faults = 0
+        self.last_log = time.monotonic()
+        self._placeholders = [[-1] * k for k in range(self.num_spec_tokens + 1)]
+
+    def _cost_prior(self, vllm_config, spec) -> CostPrior:
+        try:
+            from vllm.platforms import current_platform
+
+            platform = str(getattr(current_platform, "device_type", "") or "cpu")
+        except Exception:
+            platform = "cpu"
+        if self.method in DRAFT_MODEL_METHODS:
+            ratio = 0.1
+            try:
+                draft = _approx_params(spec.draft_model_config.hf_config)
+                target = _approx_params(vllm_config.model_config.hf_config)
+                if draft > 0 and target > 0:
+                    ratio = draft / target
+            except Exception:
+                pass
+            return CostPrior.for_platform(platform, "model", ratio)
+        return CostPrior.for_platform(platform, "lookup")
+
+    def placeholder(self, k: int) -> list[int]:
+        # Shared read-only lists: vLLM slices (copies) spec_token_ids before
+        # it writes anything, so no list is mutated in place.
+        return self._placeholders[k]
+
+    def fault(self, where: str) -> None:
+        self.faults += 1
+        if self.faults == 1:
+            logger.error(
+                "vllm-specplug: controller failed in %s; this step uses vLLM's own K "
+                "(static) and serving continues. Further failures are counted, not "
+                "logged.\n%s", where, traceback.format_exc())
+
+
+class _AdaptiveSpecMixin:
+    """Overrides shared by the sync and async adaptive schedulers."""
+
+    specplug: AdaptiveSpecState
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.specplug = AdaptiveSpecState(self)
+        sp = self.specplug
+        if not sp.enabled:
+            logger.warning("vllm-specplug: AdaptiveSpecScheduler inert: %s", sp.reason)
+            return
+        logger.info(
+            "vllm-specplug: adaptive speculation on: method=%s policy=%s ceiling=%d "
+            "K_step=%s scheduler=%s", sp.method, sp.config.policy, sp.ceiling,
+            f"pinned ({sp.pin_reason})" if sp.k_step_pinned else "adaptive",
+            "async" if isinstance(self, AsyncScheduler) else "sync")
+
+    # -- request lifecycle -------------------------------------------------
+    def add_request(self, request) -> None:
+        super().add_request(request)
+        sp = self.specplug
+        if not sp.enabled:
+            return
+        ceiling = None
+        params = getattr(request, "sampling_params", None)
+        try:
+            ceiling = parse_request_args(getattr(params, "extra_args", None), sp.ceiling)
+        except SpecPlugRequestError as exc:
+            # The front end rejects these with HTTP 400; reaching here means a
+            # caller bypassed it.  Never fail the engine over it.
+            logger.warning("vllm-specplug: request %s: %s; using the server ceiling",
+                           request.request_id, exc)
+        try:
+            sp.controller.add_request(request.request_id, ceiling)
+        except Exception:
+            sp.fault("add_request")
+
+    def _free_request(self, request, *args, **kwargs):
+        result = super()._free_request(request, *args, **kwargs)
+        sp = self.specplug
+        if sp.enabled:
+            sp.controller.finish_request(request.request_id)
+            sp.planned.pop(request.request_id, None)
+        return result
+
+    # -- deciding ----------------------------------------------------------
+    def _update_after_schedule(self, scheduler_output) -> None:
+        super()._update_after_schedule(scheduler_output)
+        sp = self.specplug
+        if not sp.enabled:
+            return
+        try:
+            self._specplug_plan(scheduler_output)
+        except Exception:
+            sp.planned = {}
+            sp.fault("schedule")
+        sp.sched_end = time.perf_counter()
+
+    def _specplug_plan(self, scheduler_output) -> None:
+        sp = self.specplug
+        requests = self.requests
+        decoding = [rid for rid in scheduler_output.num_scheduled_tokens
+                    if not requests[rid].is_prefill_chunk]
+        spec_tokens = sum(len(v) for v in scheduler_output.scheduled_spec_decode_tokens.values())
+        base_tokens = scheduler_output.total_num_scheduled_tokens - spec_tokens
+        vllm_k_step = scheduler_output.num_spec_tokens_to_schedule
+        decision = sp.controller.plan(
+            decoding,
+            base_tokens=max(base_tokens, len(decoding)),
+            fixed_k_step=vllm_k_step if sp.k_step_pinned else None,
+        )
+        k_list = decision.k.tolist()
+        k_step = min(int(decision.k_step), sp.num_spec_tokens)
+        if not sp.k_step_pinned:
+            scheduler_output.num_spec_tokens_to_schedule = k_step
+        sp.planned = dict(zip(decoding, k_list))
+        if isinstance(self, AsyncScheduler):
+            # vLLM sized every decoding request's placeholders to K_step;
+            # resize to the request's own k_r (never above K_step: a larger
+            # placeholder would read another request's drafts).
+            for rid, k in sp.planned.items():
+                requests[rid].spec_token_ids = sp.placeholder(min(k, k_step))
+
+    def update_draft_token_ids(self, draft_token_ids) -> None:
+        sp = self.specplug
+        if sp.enabled and sp.planned:
+            try:
+                planned = sp.planned
+                trimmed = []
+                for rid, ids in zip(draft_token_ids.req_ids, draft_token_ids.draft_token_ids):
+                    k = planned.get(rid)
+                    trimmed.append(ids[:k] if k is not None and len(ids) > k else ids)
+                draft_token_ids = DraftTokenIds(draft_token_ids.req_ids, trimmed)
+            except Exception:
+                sp.fault("update_draft_token_ids")
+        super().update_draft_token_ids(draft_token_ids)
+
+    # -- learning ----------------------------------------------------------
+    def update_from_output(self, scheduler_output, model_runner_output):
+        sp = self.specplug
+        if sp.enabled:
+            try:
+                self._specplug_observe(scheduler_output, model_runner_output)
+            except Exception:
+                sp.fault("update_from_output")
+        return super().update_from_output(scheduler_output, model_runner_output)
+
+    def _specplug_observe(self, scheduler_output, model_runner_output) -> None:
+        sp = self.specplug
+        now = time.perf_counter()
+        ctrl = sp.controller
+        sampled = model_runner_output.sampled_token_ids
+        index = model_runner_output.req_id_to_index
+        for rid, spec in scheduler_output.scheduled_spec_decode_tokens.items():
+            if not spec or spec[0] == -1:
+                # vLLM's own padding placeholders (no real draft behind them).
+                continue
+            idx = index.get(rid)
+            if idx is None or not sampled or idx >= len(sampled) or len(sampled[idx]) == 0:
+                continue
+            ctrl.observe_verification(rid, len(spec), len(sampled[idx]) - 1)
+        total = scheduler_output.total_num_scheduled_tokens
+        if sp.sched_end is not None and total > 0 and not isinstance(self, AsyncScheduler):
+            ctrl.observe_step(len(scheduler_output.num_scheduled_tokens), total,
+                              scheduler_output.num_spec_tokens_to_schedule,
+                              now - sp.sched_end)
+        sp.sched_end = None
+        if sp.config.log_interval_s > 0 and time.monotonic() - sp.last_log >= sp.config.log_interval_s:
+            sp.last_log = time.monotonic()
+            self._specplug_log_summary()
+
+    def _specplug_log_summary(self) -> None:
+        sp = self.specplug
+        s = sp.controller.stats
+        steps = max(s.steps, 1)
+        req_steps = max(s.request_steps, 1)
+        d = sp.controller.last_decision
+        speedup = d.predicted_speedup if d is not None else float("nan")
+        logger.info(
+            "vllm-specplug: mean K_step %.2f, mean k/request %.2f, fallback %.0f%% of "
+            "request-steps, acceptance %.2f, predicted speedup %.2fx, probes %d (%d ok), "
+            "requests %d (%d in fallback)",
+            s.sum_k_step / steps, s.granted_slots / req_steps,
+            100.0 * s.fallback_request_steps / req_steps,
+            s.accepted / max(s.drafted, 1), speedup, s.probes_sent, s.probes_succeeded,
+            sp.controller.num_requests(), sp.controller.num_in_fallback())
+
+
+class SyncAdaptiveSpecScheduler(_AdaptiveSpecMixin, Scheduler):
+    pass
+
+
+class AsyncAdaptiveSpecScheduler(_AdaptiveSpecMixin, AsyncScheduler):
+    pass
+
+
+class AdaptiveSpecScheduler(SyncAdaptiveSpecScheduler):
+    """Entry class: becomes the sync or async variant to match vLLM's config."""
+
+    def __new__(cls, *args, **kwargs):
+        if cls is AdaptiveSpecScheduler:
+            vllm_config = kwargs.get("vllm_config", args[0] if args else None)
+            sched_cfg = getattr(vllm_config, "scheduler_config", None)
+            if getattr(sched_cfg, "async_scheduling", False):
+                return AsyncAdaptiveSpecScheduler(*args, **kwargs)
+        return super().__new__(cls)
