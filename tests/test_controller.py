@@ -216,7 +216,8 @@ def test_finished_requests_free_state():
 
 def test_goodput_policy_direct_threshold():
     cm = StepCostModel(CostPrior(intercept=1.0, per_request=0.0, per_token=0.1))
-    cm.observe(1, 1, 0, 1.1)  # calibrates the scale: step = 1.1 s
+    for _ in range(StepCostModel.SKIP_FIRST + 1):
+        cm.observe(1, 1, 0, 1.1)  # calibrates the scale: step = 1.1 s
     pol = GoodputPolicy(min_gain=0.0)
     survival = np.array([[0.9, 0.81, 0.73, 0.66], [0.05, 0.0025, 0.0, 0.0]])
     d = pol.decide(survival, np.array([4, 4]), 2.0, cm)

@@ -192,6 +192,11 @@ class SpecController:
                 st.backoff = self.settings.probe_interval
                 st.last_probe_ok = False
                 continue
+            if st.probing:
+                # The last probe produced no draft to verify (e.g. n-gram
+                # lookup found no match): count it as a failed probe.
+                st.probing = False
+                st.backoff = min(st.backoff * 2, self.settings.probe_max_interval)
             st.in_fallback = True
             st.fallback_steps += 1
             if st.fallback_steps >= (1 if st.last_probe_ok else st.backoff):

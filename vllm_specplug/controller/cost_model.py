@@ -86,15 +86,20 @@ def features(batch: float, tokens: float, k_step: float) -> np.ndarray:
 
 
 class StepCostModel:
+    SKIP_FIRST = 2
+
     def __init__(
         self,
         prior: CostPrior | None = None,
         forgetting: float = 0.98,
-        warmup: int = 8,
+        warmup: int = 0,
     ) -> None:
         self.prior = prior or CostPrior()
         self.forgetting = forgetting
-        self._rel_scale = 0.1
+        self._rel_scale = 0.5
+        self._resid_var = 0.0
+        self._cov: np.ndarray | None = None
+        self._skipped = 0
         self.warmup = warmup
         n = len(FEATURES)
         self._theta0 = self.prior.vector()
@@ -118,15 +123,50 @@ class StepCostModel:
         return float(features(batch, tokens, k_step) @ self._theta)
 
     def predict_many(
-        self, batch: float, tokens: np.ndarray, k_step: np.ndarray
+        self, batch: float, tokens: np.ndarray, k_step: np.ndarray, optimism: float = 0.0
     ) -> np.ndarray:
+        """Predicted seconds for many candidate plans at once.
+
+        With ``optimism > 0`` this is a lower confidence bound: the
+        prediction minus ``optimism`` standard errors of the fit.  Plans the
+        data has not covered yet (more drafts than ever tried) look a little
+        cheaper than the point estimate, so the controller tries them once
+        and measures, instead of trusting the prior forever.  Where data is
+        plentiful the bound is tight and this changes nothing.
+        """
         th = self._theta
-        return th[0] + th[1] * batch + th[2] * tokens + (th[3] + th[4] * batch) * k_step
+        pred = th[0] + th[1] * batch + th[2] * tokens + (th[3] + th[4] * batch) * k_step
+        if optimism <= 0.0 or not self._scaled:
+            return pred
+        x = np.empty((len(tokens), len(FEATURES)))
+        x[:, 0] = 1.0
+        x[:, 1] = batch
+        x[:, 2] = tokens
+        x[:, 3] = k_step
+        x[:, 4] = batch * k_step
+        cov = self._covariance()
+        sd = np.sqrt(np.maximum(np.einsum("ij,jk,ik->i", x, cov, x), 0.0))
+        return np.maximum(pred - optimism * sd, 0.5 * pred)
+
+    def _covariance(self) -> np.ndarray:
+        if self._cov is None:
+            try:
+                inv = np.linalg.inv(self._xtx + self._ridge)
+            except np.linalg.LinAlgError:
+                inv = np.zeros((len(FEATURES), len(FEATURES)))
+            self._cov = self._resid_var * inv
+        return self._cov
 
     def observe(self, batch: float, tokens: float, k_step: float, seconds: float) -> bool:
         """Add one measured step; returns False when the sample was dropped."""
         if not (isinstance(seconds, (int, float)) and math.isfinite(seconds)) or seconds <= 0:
             self.num_rejected += 1
+            return False
+        if self._skipped < self.SKIP_FIRST:
+            # The first steps of an engine carry one-off costs (lazy
+            # initialisation, allocator warm-up) that say nothing about
+            # steady state; calibrating on them skews every later decision.
+            self._skipped += 1
             return False
         x = features(batch, tokens, k_step)
         if not self._scaled:
@@ -148,6 +188,12 @@ class StepCostModel:
                 rel = max(-bound, min(rel, bound))
                 seconds = pred * (1.0 + rel)
             self._rel_scale = 0.95 * self._rel_scale + 0.05 * abs(rel)
+        if self.num_observations == 0:
+            # Before any residual is seen, assume a tenth of a step.
+            self._resid_var = (0.1 * seconds) ** 2
+        else:
+            self._resid_var = 0.9 * self._resid_var + 0.1 * (seconds - pred) ** 2
+        self._cov = None
         lam = self.forgetting
         self._xtx = lam * self._xtx + np.outer(x, x)
         self._xty = lam * self._xty + x * seconds

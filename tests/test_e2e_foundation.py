@@ -1,0 +1,86 @@
+"""The plugin on real vLLM (CPU): entry point, and greedy equality across
+plain decoding, draft_model and ngram speculative decoding."""
+
+import importlib.metadata
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from conftest import greedy, make_llm, shutdown, token_ids
+from vllm_specplug.testing import prompt, repetitive_prompt
+
+PROMPTS = [prompt(i) for i in range(4)] + [repetitive_prompt(i) for i in range(4)]
+
+
+def test_entry_points_are_installed():
+    groups = {
+        "vllm.general_plugins": "vllm_specplug.plugin:register",
+        "vllm.logits_processors": "vllm_specplug.request_validation:SpecPlugRequestValidator",
+    }
+    for group, value in groups.items():
+        eps = importlib.metadata.entry_points(group=group)
+        assert value in {ep.value for ep in eps}, group
+
+
+def test_register_is_idempotent(tmp_path, monkeypatch):
+    from vllm_specplug import plugin
+
+    log = tmp_path / "pids"
+    monkeypatch.setenv("VLLM_SPECPLUG_REGISTER_LOG", str(log))
+    monkeypatch.setattr(plugin, "_STATE", {})
+    plugin.register()
+    plugin.register()
+    assert log.read_text().split() == [str(os.getpid())]
+    assert plugin.missing_features() == []
+
+
+def test_vllm_calls_the_plugin_in_the_engine_core_process(tiny_models, tmp_path):
+    """Multiprocess mode: the engine core (a separate process) loads us."""
+    log = tmp_path / "pids"
+    script = textwrap.dedent(f"""
+        import os
+        from vllm import LLM, SamplingParams
+        if __name__ == "__main__":
+            llm = LLM(model={tiny_models['target']!r}, enforce_eager=True, max_model_len=256,
+                      dtype="float32")
+            out = llm.generate(["w1 w2 w3"], SamplingParams(max_tokens=4, temperature=0))
+            print("MAIN", os.getpid(), len(out[0].outputs[0].token_ids))
+    """)
+    path = tmp_path / "run.py"
+    path.write_text(script)
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="1",
+               VLLM_SPECPLUG_REGISTER_LOG=str(log))
+    proc = subprocess.run([sys.executable, str(path)], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    main_pid = [ln for ln in proc.stdout.splitlines() if ln.startswith("MAIN")][0].split()[1]
+    pids = set(log.read_text().split())
+    assert main_pid in pids
+    assert pids - {main_pid}, "the plugin was not loaded in any other (engine-core) process"
+
+
+@pytest.fixture(scope="module")
+def plain_outputs(tiny_models):
+    llm = make_llm(tiny_models["target"])
+    outs = token_ids(llm.generate(PROMPTS, greedy(), use_tqdm=False))
+    shutdown(llm)
+    return outs
+
+
+@pytest.mark.parametrize("method", ["draft_model", "ngram"])
+@pytest.mark.parametrize("adaptive", [False, True], ids=["vllm-static", "adaptive"])
+def test_greedy_output_identical_to_plain(tiny_models, plain_outputs, method, adaptive):
+    spec = {"method": method, "num_speculative_tokens": 4}
+    if method == "draft_model":
+        spec["model"] = tiny_models["target"]
+    else:
+        spec.update(prompt_lookup_min=2, prompt_lookup_max=4)
+    llm = make_llm(tiny_models["target"], speculative=spec, adaptive=adaptive)
+    outs = llm.generate(PROMPTS, greedy(), use_tqdm=False)
+    shutdown(llm)
+    assert token_ids(outs) == plain_outputs
+    drafted = sum(o.outputs[0].spec_decode_metrics.num_draft_tokens for o in outs)
+    assert drafted > 0, "speculation never ran: the comparison would prove nothing"
