@@ -13,7 +13,11 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
+from vllm_specplug.controller import ControllerSettings
+
 POLICIES = ("goodput", "static", "heuristic")
+# The controller's defaults are the plugin's defaults: one source of truth.
+_DEFAULTS = ControllerSettings(max_k=0)
 CONFIG_SECTION = "specplug"
 REQUEST_PREFIX = "specplug_"
 
@@ -45,21 +49,21 @@ class SpecPlugConfig:
     # K used by the static policy; defaults to the ceiling.
     static_k: int | None = None
     # Per-observation forgetting of a request's acceptance counts (0, 1].
-    forgetting: float = 0.85
+    forgetting: float = _DEFAULTS.forgetting
     # Pseudo-trials pulling a request's estimate toward the global profile.
-    prior_strength: float = 2.0
+    prior_strength: float = _DEFAULTS.prior_strength
     # Acceptance assumed per position before anything is observed (0, 1).
-    initial_acceptance: float = 0.6
+    initial_acceptance: float = _DEFAULTS.initial_acceptance
     # Per-step forgetting of the step-cost regression (0, 1].
-    cost_forgetting: float = 0.98
+    cost_forgetting: float = _DEFAULTS.cost_forgetting
     # Relative goodput gain speculation must promise over plain decoding.
-    min_gain: float = 0.02
+    min_gain: float = _DEFAULTS.min_gain
     # Drafts offered by a re-probe of a request in fallback.
-    probe_k: int = 1
+    probe_k: int = _DEFAULTS.probe_k
     # Steps in fallback before the first re-probe; doubles after each failed
     # probe up to probe_max_interval.
-    probe_interval: int = 4
-    probe_max_interval: int = 32
+    probe_interval: int = _DEFAULTS.probe_interval
+    probe_max_interval: int = _DEFAULTS.probe_max_interval
     # Seconds between controller summary lines in the log (0 turns them off).
     log_interval_s: float = 10.0
 
@@ -119,6 +123,23 @@ class SpecPlugConfig:
 
     def ceiling(self, num_speculative_tokens: int) -> int:
         return num_speculative_tokens if self.max_k is None else self.max_k
+
+    def controller_settings(self, num_speculative_tokens: int) -> ControllerSettings:
+        """The controller's settings for this config and vLLM's K."""
+        ceiling = self.ceiling(num_speculative_tokens)
+        return ControllerSettings(
+            max_k=ceiling,
+            policy=self.policy,
+            static_k=self.static_k,
+            forgetting=self.forgetting,
+            prior_strength=self.prior_strength,
+            initial_acceptance=self.initial_acceptance,
+            cost_forgetting=self.cost_forgetting,
+            min_gain=self.min_gain,
+            probe_k=min(self.probe_k, max(ceiling, 1)),
+            probe_interval=self.probe_interval,
+            probe_max_interval=self.probe_max_interval,
+        )
 
 
 # -- per-request knobs ------------------------------------------------------

@@ -39,7 +39,7 @@ from vllm_specplug.config import (
     SpecPlugRequestError,
     parse_request_args,
 )
-from vllm_specplug.controller import ControllerSettings, CostPrior, SpecController
+from vllm_specplug.controller import CostPrior, SpecController
 
 logger = logging.getLogger("vllm.specplug")
 
@@ -89,19 +89,7 @@ class AdaptiveSpecState:
         self.pin_reason = ("data_parallel_size > 1" if dp > 1 else
                            f"method {self.method!r} needs a fixed K")
         self.controller = SpecController(
-            ControllerSettings(
-                max_k=self.ceiling,
-                policy=self.config.policy,
-                static_k=self.config.static_k,
-                forgetting=self.config.forgetting,
-                prior_strength=self.config.prior_strength,
-                initial_acceptance=self.config.initial_acceptance,
-                cost_forgetting=self.config.cost_forgetting,
-                min_gain=self.config.min_gain,
-                probe_k=min(self.config.probe_k, max(self.ceiling, 1)),
-                probe_interval=self.config.probe_interval,
-                probe_max_interval=self.config.probe_max_interval,
-            ),
+            self.config.controller_settings(self.num_spec_tokens),
             cost_prior=self._cost_prior(vllm_config, spec),
         )
         self.enabled = True

@@ -92,7 +92,6 @@ class StepCostModel:
         self,
         prior: CostPrior | None = None,
         forgetting: float = 0.98,
-        warmup: int = 0,
     ) -> None:
         self.prior = prior or CostPrior()
         self.forgetting = forgetting
@@ -100,7 +99,6 @@ class StepCostModel:
         self._resid_var = 0.0
         self._cov: np.ndarray | None = None
         self._skipped = 0
-        self.warmup = warmup
         n = len(FEATURES)
         self._theta0 = self.prior.vector()
         self._ridge = self.prior.strength * np.eye(n)
@@ -177,7 +175,7 @@ class StepCostModel:
             self._theta = self._theta0.copy()
             self._scaled = True
         pred = float(x @ self._theta)
-        if self.num_observations >= self.warmup and pred > 0:
+        if pred > 0:
             # Huber-style: clip the relative residual to a few times its own
             # running scale, so a GC pause or a stalled clock moves the fit
             # by at most a little.
