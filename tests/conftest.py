@@ -5,8 +5,10 @@ Engines run in single-process mode (``VLLM_ENABLE_V1_MULTIPROCESSING=0``,
 at ``llm.llm_engine.engine_core.engine_core.scheduler``.
 """
 
+import contextlib
 import gc
 import os
+import sys
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -46,7 +48,29 @@ def make_llm(model, speculative=None, adaptive=True, specplug=None, **kw):
             if specplug is not None:
                 args["additional_config"] = {"specplug": specplug}
     args.update(kw)
-    return LLM(**args)
+    with _llvmlite_hidden():
+        return LLM(**args)
+
+
+@contextlib.contextmanager
+def _llvmlite_hidden():
+    """Hide llvmlite's modules from ``sys.modules`` while an engine starts.
+
+    vLLM's n-gram proposer imports numba, and llvmlite's binding module holds
+    an object (``ffi.lib``) whose ``__dict__`` is not a dict.  vLLM CPU's
+    Triton-override scan at engine start (``triton_utils/dispatcher.py``,
+    ``vars(value).get("kernel")`` over every module) then crashes, so any
+    engine started after an n-gram engine in the same process fails.  One
+    engine per process (every real deployment) never hits it; a test
+    session does.  Nothing is unloaded: the modules stay referenced and are
+    put back as they were.
+    """
+    hidden = {name: sys.modules.pop(name) for name in list(sys.modules)
+              if name == "llvmlite" or name.startswith("llvmlite.")}
+    try:
+        yield
+    finally:
+        sys.modules.update(hidden)
 
 
 def scheduler_of(llm):
@@ -76,15 +100,3 @@ def drafted_per_step(output):
     m = output.outputs[0].spec_decode_metrics
     return list(m.per_step_drafted) if m is not None else []
 
-
-def pytest_collection_modifyitems(session, config, items):
-    """Run the n-gram tests last.
-
-    vLLM's n-gram proposer imports numba, whose llvmlite binding holds an
-    object that breaks vLLM CPU's Triton-override scan
-    (``triton_utils/dispatcher.py``: ``vars(value).get`` on a
-    ``_lib_fn_wrapper``) when a *later* engine starts in the same process.
-    One engine per process (every real deployment) never hits it; a test
-    session that starts many engines does, unless n-gram engines come last.
-    """
-    items.sort(key=lambda item: "ngram" in item.nodeid)
