@@ -27,19 +27,27 @@ def true_step_seconds(batch, tokens, k_step, per_token=0.01, draft=0.0):
 
 
 def drive(ctrl, alphas, steps, rng, per_token=0.01, draft=0.0, req_prefix="r"):
-    """Run ``steps`` steps for requests with the given true acceptance rates."""
+    """Run ``steps`` steps for requests with the given true acceptance rates.
+
+    Keeps vLLM's pipeline: the drafts planned at step t are proposed at the
+    end of step t and verified in step t+1, so the controller sees their
+    outcome only after it has planned step t+1.
+    """
     ids = [f"{req_prefix}{i}" for i in range(len(alphas))]
     for r in ids:
         ctrl.add_request(r)
     history = []
+    previous = None
     for _ in range(steps):
         d = ctrl.plan(ids)
-        tokens = len(ids) + int(d.k.sum())
-        for r, a, k in zip(ids, alphas, d.k.tolist()):
-            ctrl.observe_verification(r, k, simulate_verification(rng, a, k))
+        verified = previous.k if previous is not None else np.zeros(len(ids), dtype=int)
+        tokens = len(ids) + int(verified.sum())
+        ctrl.observe_verifications(
+            ids, verified, [simulate_verification(rng, a, k) for a, k in zip(alphas, verified)])
         ctrl.observe_step(len(ids), tokens, d.k_step,
                           true_step_seconds(len(ids), tokens, d.k_step, per_token, draft))
         history.append(d)
+        previous = d
     return ids, history
 
 
@@ -143,7 +151,43 @@ def test_goodput_recovers_after_regime_change():
     recovered_at = next(i for i, d in enumerate(hist) if d.k[0] >= 3)
     assert recovered_at < 64
     assert np.mean([d.k[0] for d in hist[-30:]]) >= 4
-    assert ctrl.stats.recoveries >= 1
+    assert ctrl.stats.recoveries >= 1 and ctrl.stats.probes_succeeded >= 1
+
+
+def test_probes_pay_for_a_shared_draft_pass_and_bring_a_batch_back():
+    # A draft pass costs about two verified tokens: one probe alone could
+    # never pay for switching the proposer on, but a batch whose drafts turn
+    # good again would.  Probes must go out, succeed, and restore K.
+    ctrl = SpecController(ControllerSettings(max_k=4))
+    rng = np.random.default_rng(11)
+    _, hist = drive(ctrl, [0.02] * 8, 120, rng, draft=0.01)
+    assert np.mean([d.k.mean() for d in hist[-40:]]) < 0.2
+    sent = ctrl.stats.probes_sent
+    assert sent > 0
+    _, hist = drive(ctrl, [0.97] * 8, 150, rng, draft=0.01)
+    assert ctrl.stats.probes_succeeded >= 1
+    assert np.mean([d.k.mean() for d in hist[-30:]]) >= 3
+
+
+def test_probe_timeout_counts_silent_probes_as_failures():
+    # Probes whose drafts never reach verification (n-gram found nothing):
+    # the controller must not wait for them forever; back-off grows.
+    ctrl = SpecController(ControllerSettings(max_k=4))
+    ctrl.add_request("a")
+    for _ in range(40):
+        d = ctrl.plan(["a"])
+        ctrl.observe_verifications(["a"], [d.k[0]], [0])  # fall back quickly
+        if d.k[0] == 0:
+            break
+    sent_at = []
+    for step in range(300):
+        d = ctrl.plan(["a"])
+        if d.k[0] > 0:
+            sent_at.append(step)
+        ctrl.observe_step(1, 1, d.k_step, 0.1)  # no verification ever arrives
+    gaps = np.diff(sent_at)
+    assert len(sent_at) >= 4 and gaps[-1] > gaps[0]
+    assert gaps.max() <= ControllerSettings(max_k=4).probe_max_interval + ctrl.PROBE_TIMEOUT + 1
 
 
 def test_k_never_exceeds_ceilings_or_k_step():

@@ -36,18 +36,6 @@ class ControllerSettings:
 
 
 @dataclass
-class _RequestState:
-    ceiling: int
-    backoff: int
-    fallback_steps: int = 0
-    probing: bool = False
-    last_probe_ok: bool = False
-    in_fallback: bool = False
-    steps: int = 0
-    granted: int = 0
-
-
-@dataclass
 class ControllerStats:
     steps: int = 0
     sum_k_step: int = 0
@@ -59,10 +47,21 @@ class ControllerStats:
     recoveries: int = 0
     drafted: int = 0
     accepted: int = 0
-    k_histogram: dict[int, int] = field(default_factory=dict)
+    # k_counts[k]: request-steps that were granted k drafts.
+    k_counts: np.ndarray = field(default_factory=lambda: np.zeros(1, dtype=np.int64))
+
+    @property
+    def k_histogram(self) -> dict[int, int]:
+        return {k: int(n) for k, n in enumerate(self.k_counts.tolist()) if n}
 
 
 class SpecController:
+    """Per-request state is a set of arrays indexed by the estimator's row.
+
+    A decision for a batch of 64 is then a few dozen array operations instead
+    of a Python loop over requests: it runs inside ``schedule()`` every step.
+    """
+
     def __init__(self, settings: ControllerSettings, cost_prior: CostPrior | None = None):
         if settings.max_k < 0:
             raise ValueError("max_k must be >= 0")
@@ -79,48 +78,147 @@ class SpecController:
         static_k = settings.max_k if settings.static_k is None else settings.static_k
         self.static = StaticPolicy(static_k)
         self.heuristic = HeuristicPolicy(initial_k=settings.max_k, max_k=settings.max_k)
-        self._requests: dict[str, _RequestState] = {}
-        self.stats = ControllerStats()
+        self._row_of = self.estimator._rows  # req_id -> row, owned by the estimator
+        self._last_ids: list[str] | None = None
+        self._any_dirty = False
+        self._alloc(self.estimator.capacity)
+        self.stats = ControllerStats(k_counts=np.zeros(settings.max_k + 1, dtype=np.int64))
         self.last_decision: Decision | None = None
+
+    def _alloc(self, capacity: int) -> None:
+        """(Re)allocate the per-row arrays, keeping what they hold."""
+        def grow(name, dtype, fill=0):
+            old = getattr(self, name, None)
+            new = np.full(capacity, fill, dtype=dtype)
+            if old is not None:
+                new[: old.size] = old
+            setattr(self, name, new)
+
+        grow("_ceiling", np.int64)
+        grow("_backoff", np.int64, self.settings.probe_interval)
+        grow("_fallback_steps", np.int64)
+        grow("_probing", bool)
+        grow("_probe_at", np.int64)
+        grow("_probe_size", np.int64, self.settings.probe_k)
+        grow("_last_probe_ok", bool)
+        grow("_in_fallback", bool)
+        # Any probe state differing from a freshly speculating request's.
+        grow("_dirty", bool)
+        grow("_req_granted", np.int64)
+        self.heuristic.ensure_capacity(capacity)
 
     # -- request lifecycle -------------------------------------------------
     def add_request(self, req_id: str, ceiling: int | None = None) -> None:
-        if req_id in self._requests:
+        if req_id in self._row_of:
             return
         cap = self.settings.max_k if ceiling is None else min(ceiling, self.settings.max_k)
-        self._requests[req_id] = _RequestState(ceiling=cap, backoff=self.settings.probe_interval)
-        self.estimator.add(req_id)
+        row = self.estimator.add(req_id)
+        if row >= self._ceiling.size:
+            self._alloc(self.estimator.capacity)
+        self._ceiling[row] = cap
+        self._last_ids = None
+        self._backoff[row] = self.settings.probe_interval
+        self._fallback_steps[row] = 0
+        self._probing[row] = False
+        self._probe_size[row] = self.settings.probe_k
+        self._last_probe_ok[row] = False
+        self._in_fallback[row] = False
+        self._dirty[row] = False
+        self._req_granted[row] = 0
+        self.heuristic.reset(row)
 
     def finish_request(self, req_id: str) -> None:
-        self._requests.pop(req_id, None)
+        row = self._row_of.get(req_id)
+        if row is None:
+            return
+        self._in_fallback[row] = False
+        self._dirty[row] = False
+        self._last_ids = None
         self.estimator.remove(req_id)
-        self.heuristic.remove(req_id)
 
     def num_requests(self) -> int:
-        return len(self._requests)
+        return len(self._row_of)
 
     def num_in_fallback(self) -> int:
-        return sum(1 for st in self._requests.values() if st.in_fallback)
+        # Freed rows are cleared in finish_request, so all rows can be counted.
+        return int(np.count_nonzero(self._in_fallback))
+
+    def granted_slots(self, req_id: str) -> int | None:
+        """Draft slots granted to a live request so far."""
+        row = self._row_of.get(req_id)
+        return None if row is None else int(self._req_granted[row])
+
+    def _rows(self, req_ids: list[str]) -> np.ndarray:
+        # The batch is usually the same list of requests step after step:
+        # comparing the lists (same string objects) is far cheaper than
+        # looking every id up again.
+        if req_ids == self._last_ids:
+            return self._last_rows
+        get = self._row_of.get
+        rows = [get(r) for r in req_ids]
+        if None in rows:
+            for r in req_ids:
+                self.add_request(r)
+            rows = [self._row_of[r] for r in req_ids]
+        rows = np.array(rows, dtype=np.intp)
+        self._last_ids = list(req_ids)
+        self._last_rows = rows
+        ceilings = self._ceiling[rows]
+        self._last_ceilings = ceilings
+        self._last_capped = bool(ceilings.min(initial=self.settings.max_k)
+                                 < max(self.settings.max_k, 1))
+        self._last_n_off = int(np.count_nonzero(ceilings == 0))
+        return rows
 
     # -- learning ----------------------------------------------------------
     def observe_verification(self, req_id: str, drafted: int, accepted: int) -> None:
-        if drafted <= 0:
+        self.observe_verifications([req_id], [drafted], [accepted])
+
+    def observe_verifications(self, req_ids, drafted, accepted) -> None:
+        """One step's verification outcome for many requests at once.
+
+        ``drafted[i]`` drafts were verified for ``req_ids[i]`` and the first
+        ``accepted[i]`` of them were kept.  Unknown (finished) requests and
+        entries with nothing drafted are ignored.
+        """
+        get = self._row_of.get
+        rows = [get(r) for r in req_ids]
+        if None in rows:
+            known = [i for i, r in enumerate(rows) if r is not None]
+            rows = [rows[i] for i in known]
+            drafted = [drafted[i] for i in known]
+            accepted = [accepted[i] for i in known]
+        rows = np.array(rows, dtype=np.intp)
+        drafted = np.asarray(drafted, dtype=np.int64)
+        accepted = np.asarray(accepted, dtype=np.int64)
+        if drafted.min(initial=1) <= 0:
+            keep = drafted > 0
+            rows, drafted, accepted = rows[keep], drafted[keep], accepted[keep]
+        if rows.size == 0:
             return
-        st = self._requests.get(req_id)
-        if st is None:
-            return
-        accepted = max(0, min(accepted, drafted))
-        self.estimator.observe(req_id, drafted, accepted)
-        self.heuristic.observe(req_id, drafted, accepted)
-        self.stats.drafted += drafted
-        self.stats.accepted += accepted
-        if st.probing:
-            st.probing = False
-            st.last_probe_ok = accepted >= drafted
-            if st.last_probe_ok:
-                self.stats.probes_succeeded += 1
-            else:
-                st.backoff = min(st.backoff * 2, self.settings.probe_max_interval)
+        accepted = np.minimum(np.maximum(accepted, 0), drafted)
+        self.estimator.observe_rows(rows, drafted, accepted)
+        if self.settings.policy == "heuristic":
+            self.heuristic.observe(rows, drafted, accepted)
+        self.stats.drafted += int(drafted.sum())
+        self.stats.accepted += int(accepted.sum())
+        probing = self._probing[rows]
+        if probing.any():
+            ok = accepted >= drafted
+            probe_rows = rows[probing]
+            self._probing[probe_rows] = False
+            self._last_probe_ok[probe_rows] = ok[probing]
+            self.stats.probes_succeeded += int(np.count_nonzero(ok & probing))
+            failed = rows[probing & ~ok]
+            self._backoff[failed] = np.minimum(
+                self._backoff[failed] * 2, self.settings.probe_max_interval)
+            self._probe_size[failed] = self.settings.probe_k
+            passed = rows[probing & ok]
+            # The next probe tests twice as many positions: a request whose
+            # drafts turned good climbs back in a few probes, not one slot
+            # at a time.
+            self._probe_size[passed] = np.minimum(self._probe_size[passed] * 2,
+                                                  self._ceiling[passed])
 
     def observe_step(self, batch: int, tokens: int, k_step: int, seconds: float) -> None:
         self.cost.observe(batch, tokens, k_step, seconds)
@@ -141,101 +239,132 @@ class SpecController:
         batch = len(req_ids)
         if batch == 0:
             return Decision(k_step=fixed_k_step or 0, k=np.zeros(0, dtype=np.int64))
-        states = [self._requests.get(r) for r in req_ids]
-        for r, st in zip(req_ids, states):
-            if st is None:
-                self.add_request(r)
-        states = [self._requests[r] for r in req_ids]
-        ceilings = np.fromiter((st.ceiling for st in states), dtype=np.int64, count=batch)
+        rows = self._rows(req_ids)
+        ceilings = self._last_ceilings
         policy = self.settings.policy
         if policy == "static":
             decision = self.static.decide(ceilings, fixed_k_step)
         elif policy == "heuristic":
-            decision = self.heuristic.decide(req_ids, ceilings, fixed_k_step)
+            decision = self.heuristic.decide(rows, ceilings, fixed_k_step)
         else:
-            rows = np.fromiter(
-                (self.estimator.row(r) for r in req_ids), dtype=np.int64, count=batch
-            )
-            survival = self.estimator.survival(rows)
             decision = self.goodput.decide(
-                survival,
+                self.estimator.survival(rows),
                 ceilings,
                 float(batch if base_tokens is None else base_tokens),
                 self.cost,
                 fixed_k_step,
+                capped=self._last_capped,
             )
-            self._apply_probes(states, decision, fixed_k_step)
-        self._account(states, decision)
+            self._apply_probes(rows, ceilings, decision,
+                               float(batch if base_tokens is None else base_tokens),
+                               fixed_k_step)
+        self._account(rows, decision)
         self.last_decision = decision
         return decision
 
-    def _apply_probes(self, states, decision: Decision, fixed_k_step: int | None) -> None:
+    def _apply_probes(self, rows: np.ndarray, ceilings: np.ndarray, decision: Decision,
+                      base_tokens: float, fixed_k_step: int | None) -> None:
         """Force a small probe on requests that sat in fallback long enough.
 
-        A probe only makes sense when acceptance is what keeps a request out:
-        if even a draft accepted with probability ``PROBE_OPTIMISM`` would not
-        pay for its verification (a compute-bound batch), probing teaches
-        nothing useful and only costs time, so none is sent.
+        A request that gets no drafts while its ceiling allows some is in
+        fallback; after ``backoff`` such steps it gets a probe: ``probe_k``
+        drafts, twice as many after each accepted probe.
+        The probe's outcome arrives one or two steps later (the drafts are
+        proposed at the end of this step and verified in the next; async
+        scheduling adds a step), so a probe stays pending until it is
+        observed, or until ``PROBE_TIMEOUT`` plans have passed without a
+        verification (e.g. n-gram lookup found nothing to propose), which
+        counts as a failure.  A failed probe doubles the back-off (up to
+        ``probe_max_interval``); a successful one makes the next probe come
+        at once, so a request whose text turned easy climbs back within a
+        few steps.
+
+        A probe is sent only when it could pay: if these requests' drafts
+        were accepted with probability ``PROBE_OPTIMISM`` per position, would
+        the policy give them slots at today's costs?  In a compute-bound
+        batch, or when the draft pass costs more than good drafts could
+        return, the answer is no and nothing is probed.
         """
+        s = self.settings
         k = decision.k
-        probe_k = self.settings.probe_k
-        due: list[int] = []
-        for i, st in enumerate(states):
-            if st.ceiling <= 0:
-                st.in_fallback = False
-                continue
-            if k[i] > 0:
-                if st.in_fallback and st.last_probe_ok:
-                    self.stats.recoveries += 1
-                st.in_fallback = False
-                st.fallback_steps = 0
-                st.backoff = self.settings.probe_interval
-                st.last_probe_ok = False
-                continue
-            if st.probing:
-                # The last probe produced no draft to verify (e.g. n-gram
-                # lookup found no match): count it as a failed probe.
-                st.probing = False
-                st.backoff = min(st.backoff * 2, self.settings.probe_max_interval)
-            st.in_fallback = True
-            st.fallback_steps += 1
-            if st.fallback_steps >= (1 if st.last_probe_ok else st.backoff):
-                due.append(i)
-        if not due or not self._probe_can_pay(decision, len(states), len(due), fixed_k_step):
+        if not self._any_dirty and k.all():
+            return  # everyone speculates and nobody carries probe state
+        fallback = k == 0
+        if self._last_n_off:
+            fallback &= ceilings > 0
+        # Rows with probe state to update: in fallback now, or carrying state
+        # from an earlier fallback.  Usually none or few, so work on them only.
+        touched = fallback | self._dirty[rows]
+        if not touched.any():
             return
-        for i in due:
-            st = states[i]
-            k[i] = min(probe_k, st.ceiling)
-            st.probing = True
-            st.fallback_steps = 0
-            self.stats.probes_sent += 1
-        if fixed_k_step is None:
-            decision.k_step = max(decision.k_step, int(k.max(initial=0)))
+        now = self.stats.steps
+        sub = rows[touched]
+        fallback = fallback[touched]
+        speculating = k[touched] > 0
+        last_ok = self._last_probe_ok[sub]
+        self.stats.recoveries += int(np.count_nonzero(
+            speculating & self._in_fallback[sub] & last_ok))
+        backoff = self._backoff[sub]
+        steps = self._fallback_steps[sub]
+        probing = self._probing[sub]
+        # Requests that speculate again start over.
+        self._probe_size[sub[speculating]] = s.probe_k
+        backoff[speculating] = s.probe_interval
+        steps[speculating] = 0
+        last_ok[speculating] = False
+        expired = probing & (now - self._probe_at[sub] >= self.PROBE_TIMEOUT)
+        if expired.any():
+            self._probe_size[sub[expired]] = s.probe_k
+            backoff[expired] = np.minimum(backoff[expired] * 2, s.probe_max_interval)
+            probing[expired] = False
+            last_ok[expired] = False
+        waiting = fallback & ~probing
+        steps[waiting] += 1
+        due = waiting & (steps >= np.where(last_ok, 1, backoff))
+        if due.any():
+            due_idx = np.flatnonzero(touched)[due]
+            if self._probe_can_pay(rows, ceilings, due_idx, base_tokens, fixed_k_step):
+                k[due_idx] = np.minimum(self._probe_size[sub[due]], ceilings[due_idx])
+                probing[due] = True
+                steps[due] = 0
+                self._probe_at[sub[due]] = now
+                self.stats.probes_sent += int(due_idx.size)
+                if fixed_k_step is None:
+                    decision.k_step = max(decision.k_step, int(k.max()))
+        self._in_fallback[sub] = fallback
+        self._backoff[sub] = backoff
+        self._fallback_steps[sub] = steps
+        self._probing[sub] = probing
+        self._last_probe_ok[sub] = last_ok
+        self._dirty[sub] = fallback | probing | last_ok
+        self._any_dirty = bool(self._dirty.any())
 
+    # Per-position acceptance a probe is hoping for.
     PROBE_OPTIMISM = 0.9
+    # Plans after which a probe with no verification counts as failed: the
+    # probe's drafts are verified one step after it is planned, and observed
+    # one step later still under async scheduling.
+    PROBE_TIMEOUT = 3
 
-    def _probe_can_pay(self, decision: Decision, batch: int, n_probes: int,
-                       fixed_k_step: int | None) -> bool:
-        if not (decision.predicted_tokens > 0 and decision.predicted_seconds > 0):
-            return True
-        theta = self.cost.theta
-        marginal = theta[2]
-        if fixed_k_step is None and decision.k_step == 0:
-            # Turning the proposer on for the probes: its pass is shared.
-            marginal += (theta[3] + theta[4] * batch) / n_probes
-        seconds_per_token = decision.predicted_seconds / decision.predicted_tokens
-        return self.PROBE_OPTIMISM * seconds_per_token > marginal
+    def _probe_can_pay(self, rows: np.ndarray, ceilings: np.ndarray, due_idx: np.ndarray,
+                       base_tokens: float, fixed_k_step: int | None) -> bool:
+        """Would the policy speculate on the due requests if their drafts were good?"""
+        width = self.estimator.max_positions
+        hopeful = self.estimator.survival(rows)
+        hopeful[due_idx] = (self.PROBE_OPTIMISM ** np.arange(1, width + 1))[None, :] - (
+            rows[due_idx] * AcceptanceEstimator.TIE_BREAK)[:, None]
+        plan = self.goodput.decide(hopeful, ceilings, base_tokens, self.cost, fixed_k_step,
+                                   capped=self._last_capped)
+        return bool(plan.k[due_idx].any())
 
-    def _account(self, states, decision: Decision) -> None:
+    def _account(self, rows: np.ndarray, decision: Decision) -> None:
         s = self.stats
+        k = decision.k
+        counts = np.bincount(k, minlength=s.k_counts.size)
+        s.k_counts += counts[: s.k_counts.size]
         s.steps += 1
-        s.sum_k_step += decision.k_step
-        s.request_steps += len(states)
-        total = int(decision.k.sum())
-        s.granted_slots += total
-        for st, ki in zip(states, decision.k.tolist()):
-            st.steps += 1
-            st.granted += ki
-            if ki == 0 and st.ceiling > 0:
-                s.fallback_request_steps += 1
-            s.k_histogram[ki] = s.k_histogram.get(ki, 0) + 1
+        s.sum_k_step += int(decision.k_step)
+        s.request_steps += rows.size
+        s.granted_slots += int(k.sum())
+        s.fallback_request_steps += int(counts[0]) - self._last_n_off
+        self._req_granted[rows] += k

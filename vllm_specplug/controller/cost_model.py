@@ -98,6 +98,7 @@ class StepCostModel:
         self._rel_scale = 0.5
         self._resid_var = 0.0
         self._cov: np.ndarray | None = None
+        self._reduced_cache: dict[float, tuple] = {}
         self._skipped = 0
         n = len(FEATURES)
         self._theta0 = self.prior.vector()
@@ -132,19 +133,31 @@ class StepCostModel:
         and measures, instead of trusting the prior forever.  Where data is
         plentiful the bound is tight and this changes nothing.
         """
-        th = self._theta
-        pred = th[0] + th[1] * batch + th[2] * tokens + (th[3] + th[4] * batch) * k_step
+        # For a fixed batch the five features are linear in (1, tokens,
+        # k_step): x = P @ (1, tokens, k_step).  theta and the covariance
+        # reduced through P are cached per batch size (they change only when
+        # a step is observed), so a candidate plan costs a few flops.
+        a0, a1, a2, c = self._reduced(batch)
+        pred = a0 + a1 * tokens + a2 * k_step
         if optimism <= 0.0 or not self._scaled:
             return pred
-        x = np.empty((len(tokens), len(FEATURES)))
-        x[:, 0] = 1.0
-        x[:, 1] = batch
-        x[:, 2] = tokens
-        x[:, 3] = k_step
-        x[:, 4] = batch * k_step
-        cov = self._covariance()
-        sd = np.sqrt(np.maximum(np.einsum("ij,jk,ik->i", x, cov, x), 0.0))
+        c00, c01, c02, c11, c12, c22 = c
+        var = (c00 + tokens * (2.0 * c01 + c11 * tokens)
+               + k_step * (2.0 * c02 + c22 * k_step + (2.0 * c12) * tokens))
+        sd = np.sqrt(np.maximum(var, 0.0))
         return np.maximum(pred - optimism * sd, 0.5 * pred)
+
+    def _reduced(self, batch: float) -> tuple:
+        """theta and the covariance reduced to (1, tokens, k_step), as floats."""
+        cached = self._reduced_cache.get(batch)
+        if cached is None:
+            p = np.zeros((len(FEATURES), 3))
+            p[0, 0], p[1, 0], p[2, 1], p[3, 2], p[4, 2] = 1.0, batch, 1.0, 1.0, batch
+            a0, a1, a2 = (self._theta @ p).tolist()
+            (c00, c01, c02), (_, c11, c12), (_, _, c22) = (p.T @ self._covariance() @ p).tolist()
+            cached = (a0, a1, a2, (c00, c01, c02, c11, c12, c22))
+            self._reduced_cache[batch] = cached
+        return cached
 
     def _covariance(self) -> np.ndarray:
         if self._cov is None:
@@ -192,6 +205,7 @@ class StepCostModel:
         else:
             self._resid_var = 0.9 * self._resid_var + 0.1 * (seconds - pred) ** 2
         self._cov = None
+        self._reduced_cache.clear()
         lam = self.forgetting
         self._xtx = lam * self._xtx + np.outer(x, x)
         self._xty = lam * self._xty + x * seconds
@@ -199,12 +213,14 @@ class StepCostModel:
         a = self._xtx + self._ridge
         b = self._xty + self._ridge @ self._theta0
         try:
-            theta = np.linalg.solve(a, b)
+            inv = np.linalg.inv(a)
         except np.linalg.LinAlgError:
             return True
+        theta = inv @ b
         if np.all(np.isfinite(theta)):
             # Costs never fall when a step does more work: a negative slope is
             # noise, and would make draft slots look free.
             theta[1:] = np.maximum(theta[1:], 0.0)
             self._theta = theta
+            self._cov = self._resid_var * inv
         return True

@@ -14,8 +14,10 @@ drafts ``1..j`` are all accepted) is the running product of ``alpha``; the
 expected number of accepted tokens when a request gets ``j`` slots is the sum
 of its first ``j`` survival probabilities.
 
-State lives in preallocated NumPy arrays indexed by a row per request, so a
-decision for a whole batch is a handful of vectorised operations.
+State lives in preallocated NumPy arrays indexed by a row per request.  The
+survival table is kept up to date as observations arrive (only the rows just
+observed are recomputed, plus every live row when the global profile has
+moved), so a decision for a whole batch reads it with one gather.
 """
 
 from __future__ import annotations
@@ -46,11 +48,18 @@ class AcceptanceEstimator:
 
         self._succ = np.zeros((initial_capacity, max_positions))
         self._trials = np.zeros((initial_capacity, max_positions))
+        self._surv = np.zeros((initial_capacity, max_positions))
         self._global_succ = np.zeros(max_positions)
         self._global_trials = np.zeros(max_positions)
         self._rows: dict[str, int] = {}
         self._free_rows: list[int] = list(range(initial_capacity - 1, -1, -1))
         self._positions = np.arange(max_positions)
+        self._profile: np.ndarray | None = None
+        # Weight of the global profile in each position's prior (see conditional).
+        self._prior_share = np.full(max_positions, 0.5 * prior_strength)
+        self._prior_share[0] = prior_strength
+        # Global profile the cached survival rows were computed with.
+        self._surv_profile = self.global_profile()
 
     # -- request lifecycle -------------------------------------------------
     def add(self, req_id: str) -> int:
@@ -63,6 +72,7 @@ class AcceptanceEstimator:
         self._succ[row] = 0.0
         self._trials[row] = 0.0
         self._rows[req_id] = row
+        self._surv[row] = self._compute_survival(np.array([row]), self._surv_profile)[0]
         return row
 
     def remove(self, req_id: str) -> None:
@@ -72,6 +82,11 @@ class AcceptanceEstimator:
 
     def row(self, req_id: str) -> int:
         return self._rows[req_id]
+
+    @property
+    def capacity(self) -> int:
+        """Rows allocated; every row index handed out is below this."""
+        return self._succ.shape[0]
 
     def __contains__(self, req_id: str) -> bool:
         return req_id in self._rows
@@ -84,29 +99,56 @@ class AcceptanceEstimator:
         new = old * 2
         self._succ = np.concatenate([self._succ, np.zeros_like(self._succ)])
         self._trials = np.concatenate([self._trials, np.zeros_like(self._trials)])
+        self._surv = np.concatenate([self._surv, np.zeros_like(self._surv)])
         self._free_rows.extend(range(new - 1, old - 1, -1))
+
+    # A request's estimate is refreshed whenever it is observed; the others
+    # follow the global profile once it has moved by this much (absolute
+    # acceptance, any position).  Staleness below it changes no decision.
+    PROFILE_TOLERANCE = 0.01
 
     # -- learning ----------------------------------------------------------
     def observe(self, req_id: str, drafted: int, accepted: int) -> None:
         """Record one verification: ``drafted`` offered, ``accepted`` kept."""
         if drafted <= 0:
             return
-        drafted = min(drafted, self.max_positions)
-        accepted = max(0, min(accepted, drafted))
         row = self._rows.get(req_id)
         if row is None:
             row = self.add(req_id)
-        successes = self._positions < accepted
-        # Position ``accepted`` (0-based) is the first rejection, if any.
-        tested = self._positions < min(accepted + 1, drafted)
-        self._succ[row] *= self.forgetting
-        self._trials[row] *= self.forgetting
-        self._succ[row] += successes
-        self._trials[row] += tested
-        self._global_succ *= self.global_forgetting
-        self._global_trials *= self.global_forgetting
-        self._global_succ += successes
-        self._global_trials += tested
+        self.observe_rows(np.array([row]), np.array([drafted]), np.array([accepted]))
+
+    def observe_rows(self, rows: np.ndarray, drafted: np.ndarray, accepted: np.ndarray) -> None:
+        """Record one step's verifications for many rows at once.
+
+        ``rows`` must be distinct (one verification per request per step).
+        Rows that drafted nothing are left untouched: no trial, no forgetting.
+        """
+        if drafted.min(initial=1) <= 0:
+            keep = drafted > 0
+            rows, drafted, accepted = rows[keep], drafted[keep], accepted[keep]
+        if rows.size == 0:
+            return
+        drafted = np.minimum(drafted, self.max_positions)
+        accepted = np.minimum(np.maximum(accepted, 0), drafted)
+        pos = self._positions[None, :]
+        successes = pos < accepted[:, None]
+        # Position ``accepted`` (0-based) is the first rejection, if any;
+        # positions after it were never tested (censored).
+        tested = pos < np.minimum(accepted + 1, drafted)[:, None]
+        f = self.forgetting
+        self._succ[rows] = self._succ[rows] * f + successes
+        self._trials[rows] = self._trials[rows] * f + tested
+        g = self.global_forgetting ** rows.size
+        self._global_succ = self._global_succ * g + successes.sum(axis=0)
+        self._global_trials = self._global_trials * g + tested.sum(axis=0)
+        self._profile = None
+        profile = self.global_profile()
+        if np.abs(profile - self._surv_profile).max() > self.PROFILE_TOLERANCE:
+            # The pooled profile every request shrinks toward has moved:
+            # refresh every live row, not only the ones just observed.
+            self._surv_profile = profile
+            rows = np.fromiter(self._rows.values(), dtype=np.intp, count=len(self._rows))
+        self._surv[rows] = self._compute_survival(rows, self._surv_profile)
 
     # -- estimates ---------------------------------------------------------
     def global_profile(self) -> np.ndarray:
@@ -114,15 +156,20 @@ class AcceptanceEstimator:
 
         A position with few trials borrows from the position before it
         (acceptance is strongly correlated along a draft), the first from
-        the configured prior.
+        the configured prior.  Cached until the next observation.
         """
+        if self._profile is not None:
+            return self._profile
         m = self._global_prior_trials
-        g = np.empty(self.max_positions)
+        succ = self._global_succ.tolist()
+        trials = self._global_trials.tolist()
+        g = []
         prior = self.initial_acceptance
         for p in range(self.max_positions):
-            prior = (self._global_succ[p] + m * prior) / (self._global_trials[p] + m)
-            g[p] = prior
-        return g
+            prior = (succ[p] + m * prior) / (trials[p] + m)
+            g.append(prior)
+        self._profile = np.array(g)
+        return self._profile
 
     def conditional(self, rows: np.ndarray) -> np.ndarray:
         """``alpha[r, p]`` for the given rows, shrunk toward a prior.
@@ -133,21 +180,42 @@ class AcceptanceEstimator:
         everything it is offered (censored at the end) would never be
         trusted with a longer draft than the global profile allows.
         """
+        # alpha_p = (s_p + m * prior_p) / (t_p + m) with
+        # prior_p = (g_p + alpha_{p-1}) / 2 is the linear recurrence
+        # alpha_p = a_p + b_p * alpha_{p-1}, solved in closed form:
+        # alpha_p = B_p * sum_{j<=p} a_j / B_j with B_p = b_1 * ... * b_p.
+        # All terms are positive, so there is no cancellation; only an
+        # underflowing B (no forgetting, very long histories) needs the loop.
+        return self._compute_conditional(rows, self.global_profile())
+
+    def _compute_conditional(self, rows: np.ndarray, g: np.ndarray) -> np.ndarray:
         m = self.prior_strength
-        g = self.global_profile()
-        succ = self._succ[rows]
-        trials = self._trials[rows]
-        alpha = np.empty_like(succ)
-        prior = np.full(succ.shape[0], g[0])
-        for p in range(self.max_positions):
-            alpha[:, p] = (succ[:, p] + m * prior) / (trials[:, p] + m)
-            if p + 1 < self.max_positions:
-                prior = 0.5 * (g[p + 1] + alpha[:, p])
-        return alpha
+        inv = 1.0 / (self._trials[rows] + m)
+        a = (self._succ[rows] + self._prior_share * g) * inv
+        if self.max_positions == 1:
+            return a
+        b = (0.5 * m) * inv
+        b[:, 0] = 1.0
+        cum_b = np.cumprod(b, axis=1)
+        if cum_b[:, -1].min(initial=1.0) > 1e-200:
+            return np.cumsum(a / cum_b, axis=1) * cum_b
+        for p in range(1, self.max_positions):
+            a[:, p] += b[:, p] * a[:, p - 1]
+        return a
+
+    # Subtracted per row (times the row index) from the cached survival so
+    # that no two requests hold exactly equal values: a policy that cuts the
+    # table at a threshold then selects exactly the slots it counted.
+    TIE_BREAK = 1e-12
+
+    def _compute_survival(self, rows: np.ndarray, g: np.ndarray) -> np.ndarray:
+        surv = np.cumprod(self._compute_conditional(rows, g), axis=1)
+        surv -= (rows * self.TIE_BREAK)[:, None]
+        return surv
 
     def survival(self, rows: np.ndarray) -> np.ndarray:
         """``S[r, j]``: probability that drafts ``1..j+1`` are all accepted."""
-        return np.cumprod(self.conditional(rows), axis=1)
+        return self._surv[rows]
 
     def expected_accepted(self, req_id: str, slots: int) -> float:
         if slots <= 0:

@@ -60,6 +60,7 @@ class GoodputPolicy:
         self.min_gain = min_gain
         # Standard errors of cost optimism for plans the data has not covered.
         self.optimism = optimism
+        self._cache: dict = {}
 
     def decide(
         self,
@@ -68,29 +69,56 @@ class GoodputPolicy:
         base_tokens: float,
         cost: StepCostModel,
         fixed_k_step: int | None = None,
+        capped: bool | None = None,
     ) -> Decision:
+        """Best plan for ``survival`` (rows non-increasing, values distinct).
+
+        ``capped`` says whether any ceiling is below the table's width (the
+        caller may know it already; computed when None).
+        """
         batch, width = survival.shape
-        mask = np.arange(width)[None, :] < ceilings[:, None]
-        s = np.where(mask, survival, 0.0).ravel()
-        order = np.argsort(-s, kind="stable")
-        s_sorted = s[order]
-        n_valid = int(np.count_nonzero(s_sorted > 0.0))
-        order = order[:n_valid]
-        s_sorted = s_sorted[:n_valid]
-        positions = order % width + 1
+        # Candidate plans are "every slot with survival >= theta" for each
+        # value theta in the table: prefix closed per request because
+        # survival never rises along a request's positions.  A plan's K_step
+        # is the deepest position any request reaches, read off the
+        # per-position maximum (itself non-increasing) by binary search.
+        # Slots above a request's ceiling get -1 and are cut off with the
+        # zeros after sorting (they must not count towards K_step).  A
+        # threshold
+        # selects exactly the slots counted for it (the estimator keeps
+        # survival values distinct across requests).
+        s = survival
+        if capped is None:
+            capped = bool(ceilings.min(initial=width) < width)
+        if capped:
+            s = np.where(self._positions(width) < ceilings[:, None], s, -1.0)
+        ascending = np.sort(s, axis=None)
+        values = ascending[np.searchsorted(ascending, 0.0, side="right"):][::-1]
+        n = values.size
+        tokens = np.empty(n + 1)
+        tokens[0] = 0.0
+        np.cumsum(values, out=tokens[1:])
+        tokens += batch
         if fixed_k_step is None:
-            k_steps = np.concatenate(([0], np.maximum.accumulate(positions)))
+            # Positions whose best survival is >= the cut value, counted as
+            # width minus the ones below it in the (ascending) reversed maximum.
+            k_steps = np.empty(n + 1)
+            k_steps[0] = 0
+            np.subtract(width, np.searchsorted(s.max(axis=0)[::-1], values), out=k_steps[1:])
         else:
-            k_steps = np.full(n_valid + 1, fixed_k_step)
-        n = np.arange(n_valid + 1)
-        tokens = batch + np.concatenate(([0.0], np.cumsum(s_sorted)))
-        seconds = cost.predict_many(batch, base_tokens + n, k_steps, self.optimism)
-        seconds = np.maximum(seconds, 1e-9)
-        goodput = tokens / seconds
+            k_steps = fixed_k_step
+        seconds = cost.predict_many(batch, base_tokens + self._counts(n), k_steps,
+                                    self.optimism)
+        goodput = tokens / np.maximum(seconds, 1e-9)
         best = int(np.argmax(goodput))
         if best > 0 and goodput[best] < goodput[0] * (1.0 + self.min_gain):
             best = 0
-        k = np.bincount(order[:best] // width, minlength=batch)
+        if best == 0:
+            k = np.zeros(batch, dtype=np.int64)
+        else:
+            k = np.count_nonzero(s >= values[best - 1], axis=1)
+            if fixed_k_step is not None:
+                k = np.minimum(k, fixed_k_step)
         k_step = int(k_steps[best]) if fixed_k_step is None else fixed_k_step
         return Decision(
             k_step=k_step,
@@ -100,6 +128,19 @@ class GoodputPolicy:
             plain_seconds=float(seconds[0]),
             plain_tokens=float(tokens[0]),
         )
+
+    # Shape-keyed constants, built once: the hot path allocates no index arrays.
+    def _positions(self, width: int) -> np.ndarray:
+        pos = self._cache.get(width)
+        if pos is None:
+            pos = self._cache[width] = np.arange(width)[None, :]
+        return pos
+
+    def _counts(self, n: int) -> np.ndarray:
+        counts = self._cache.get(("n", n))
+        if counts is None:
+            counts = self._cache[("n", n)] = np.arange(n + 1, dtype=float)
+        return counts
 
 
 class StaticPolicy:
@@ -115,29 +156,37 @@ class StaticPolicy:
 
 
 class HeuristicPolicy:
-    """Per request: +2 after a fully accepted draft, -1 (not below 1) otherwise."""
+    """Per request: +2 after a fully accepted draft, -1 (not below 1) otherwise.
+
+    State is one integer per estimator row, so the controller can update and
+    read a whole batch with array operations.
+    """
 
     name = "heuristic"
 
-    def __init__(self, initial_k: int, max_k: int) -> None:
+    def __init__(self, initial_k: int, max_k: int, capacity: int = 64) -> None:
         self.initial_k = initial_k
         self.max_k = max_k
-        self._k: dict[str, int] = {}
+        self._k = np.full(capacity, initial_k, dtype=np.int64)
 
-    def observe(self, req_id: str, drafted: int, accepted: int) -> None:
-        if drafted <= 0:
-            return
-        k = self._k.get(req_id, self.initial_k)
-        k = k + 2 if accepted >= drafted else k - 1
-        self._k[req_id] = min(max(k, 1), self.max_k)
+    def ensure_capacity(self, capacity: int) -> None:
+        if capacity > self._k.size:
+            grown = np.full(capacity, self.initial_k, dtype=np.int64)
+            grown[: self._k.size] = self._k
+            self._k = grown
 
-    def remove(self, req_id: str) -> None:
-        self._k.pop(req_id, None)
+    def reset(self, row: int) -> None:
+        self._k[row] = self.initial_k
+
+    def observe(self, rows: np.ndarray, drafted: np.ndarray, accepted: np.ndarray) -> None:
+        seen = drafted > 0
+        rows, drafted, accepted = rows[seen], drafted[seen], accepted[seen]
+        k = np.where(accepted >= drafted, self._k[rows] + 2, self._k[rows] - 1)
+        self._k[rows] = np.clip(k, 1, max(self.max_k, 1))
 
     def decide(
-        self, req_ids: list[str], ceilings: np.ndarray, fixed_k_step: int | None = None
+        self, rows: np.ndarray, ceilings: np.ndarray, fixed_k_step: int | None = None
     ) -> Decision:
-        k = np.array([self._k.get(r, self.initial_k) for r in req_ids], dtype=np.int64)
-        k = np.minimum(k, ceilings)
+        k = np.minimum(self._k[rows], ceilings)
         k_step = fixed_k_step if fixed_k_step is not None else int(k.max(initial=0))
         return Decision(k_step=k_step, k=k)
