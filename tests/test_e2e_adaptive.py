@@ -130,7 +130,7 @@ def test_controller_fault_falls_back_to_vllm_and_output_stays_exact(tiny_models,
             raise RuntimeError("injected controller fault")
 
         sched.specplug.controller.plan = broken
-        sched.specplug.controller.observe_verification = broken
+        sched.specplug.controller.observe_verifications = broken
         with caplog.at_level(logging.ERROR, logger="vllm.specplug"):
             outs = llm.generate(PROMPTS, greedy(LONG), use_tqdm=False)
         assert token_ids(outs) == plain["prompts"]

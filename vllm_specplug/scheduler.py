@@ -94,7 +94,13 @@ class AdaptiveSpecState:
         )
         self.enabled = True
         self.planned: dict[str, int] = {}
-        self.sched_end: float | None = None
+        # End of schedule() per SchedulerOutput still in flight (async keeps
+        # up to two), and the end of the last update in async mode.
+        self.sched_end: dict[int, float] = {}
+        self.last_update_end: float | None = None
+        self.is_async = isinstance(scheduler, AsyncScheduler)
+        # Step timing source; tests substitute a synthetic clock.
+        self.clock = time.perf_counter
         self.faults = 0
         self.last_log = time.monotonic()
         self._placeholders = [[-1] * k for k in range(self.num_spec_tokens + 1)]
@@ -189,7 +195,9 @@ class _AdaptiveSpecMixin:
         except Exception:
             sp.planned = {}
             sp.fault("schedule")
-        sp.sched_end = time.perf_counter()
+        if len(sp.sched_end) > 8:
+            sp.sched_end.clear()  # outputs that never came back (aborted steps)
+        sp.sched_end[id(scheduler_output)] = sp.clock()
 
     def _specplug_plan(self, scheduler_output) -> None:
         sp = self.specplug
@@ -209,7 +217,7 @@ class _AdaptiveSpecMixin:
         if not sp.k_step_pinned:
             scheduler_output.num_spec_tokens_to_schedule = k_step
         sp.planned = dict(zip(decoding, k_list))
-        if isinstance(self, AsyncScheduler):
+        if sp.is_async:
             # vLLM sized every decoding request's placeholders to K_step;
             # resize to the request's own k_r (never above K_step: a larger
             # placeholder would read another request's drafts).
@@ -242,24 +250,38 @@ class _AdaptiveSpecMixin:
 
     def _specplug_observe(self, scheduler_output, model_runner_output) -> None:
         sp = self.specplug
-        now = time.perf_counter()
+        now = sp.clock()
         ctrl = sp.controller
         sampled = model_runner_output.sampled_token_ids
         index = model_runner_output.req_id_to_index
+        is_async = sp.is_async
+        rids: list[str] = []
+        drafted: list[int] = []
+        accepted: list[int] = []
         for rid, spec in scheduler_output.scheduled_spec_decode_tokens.items():
-            if not spec or spec[0] == -1:
-                # vLLM's own padding placeholders (no real draft behind them).
+            if not spec or (spec[0] == -1 and not is_async):
+                # Sync mode: vLLM's own padding placeholders (no real draft
+                # behind them).  Async mode: every entry is a placeholder the
+                # worker fills with the previous step's drafts, so count them.
                 continue
             idx = index.get(rid)
             if idx is None or not sampled or idx >= len(sampled) or len(sampled[idx]) == 0:
                 continue
-            ctrl.observe_verification(rid, len(spec), len(sampled[idx]) - 1)
+            rids.append(rid)
+            drafted.append(len(spec))
+            accepted.append(len(sampled[idx]) - 1)
+        if rids:
+            ctrl.observe_verifications(rids, drafted, accepted)
         total = scheduler_output.total_num_scheduled_tokens
-        if sp.sched_end is not None and total > 0 and not isinstance(self, AsyncScheduler):
+        sched_end = sp.sched_end.pop(id(scheduler_output), None)
+        if sched_end is not None and total > 0:
+            # Sync: the step ran from the end of schedule() to now.  Async:
+            # it could only start once the previous step had finished, so it
+            # ran from the later of that and its own scheduling.
+            start = sched_end if sp.last_update_end is None else max(sched_end, sp.last_update_end)
             ctrl.observe_step(len(scheduler_output.num_scheduled_tokens), total,
-                              scheduler_output.num_spec_tokens_to_schedule,
-                              now - sp.sched_end)
-        sp.sched_end = None
+                              scheduler_output.num_spec_tokens_to_schedule, now - start)
+        sp.last_update_end = None if total == 0 or not is_async else now
         if sp.config.log_interval_s > 0 and time.monotonic() - sp.last_log >= sp.config.log_interval_s:
             sp.last_log = time.monotonic()
             self._specplug_log_summary()

@@ -1,0 +1,301 @@
+"""The adapter against vLLM's real ``Scheduler`` and ``AsyncScheduler``.
+
+No model runs: a synthetic runner answers every scheduled step with a
+``ModelRunnerOutput`` whose accepted-draft counts follow a per-request rule
+(always accept, never accept, ...), and, like vLLM's proposer, drafts
+``num_spec_tokens_to_schedule`` tokens for every decoding request.  In
+async mode the engine's order is kept: step t+1 is scheduled before the
+output of step t is processed, and drafts travel as placeholders.
+
+Checked every step, for both schedulers (``../shared/design.md``):
+- ``num_spec_tokens_to_schedule`` (K_step) never exceeds the ceiling;
+- a request never gets more drafts than the controller planned for it, and
+  the plan never exceeds K_step or the request's own ceiling;
+- async placeholders are sized to the request's own k, not to K_step;
+- every request produces exactly ``max_tokens`` tokens (accounting with
+  variable drafts stays right), and controller state is freed at the end.
+"""
+
+import pytest
+
+from conftest import CEILING
+
+TOKEN = 7  # every synthetic sample; the tiny vocabulary has it
+
+
+def build_scheduler(model, async_scheduling, specplug=None, method="draft_model"):
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig,
+                                            KVCacheGroupSpec)
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    from vllm_specplug import AdaptiveSpecScheduler
+
+    spec = {"method": method, "num_speculative_tokens": CEILING}
+    if method == "draft_model":
+        spec["model"] = model
+    if method == "ngram":
+        spec.update(prompt_lookup_max=3, prompt_lookup_min=1)
+    args = EngineArgs(
+        model=model,
+        speculative_config=spec,
+        max_model_len=256,
+        max_num_seqs=16,
+        block_size=32,
+        enforce_eager=True,
+        dtype="float32",
+        # Block hashing needs the engine's hasher; prefix caching is not
+        # what these tests are about.
+        enable_prefix_caching=False,
+        additional_config={"specplug": specplug or {}},
+    )
+    vllm_config = args.create_engine_config()
+    # CPU turns async scheduling off; the scheduler itself runs anywhere.
+    vllm_config.scheduler_config.async_scheduling = async_scheduling
+    vllm_config.cache_config.num_gpu_blocks = 256
+    import torch
+
+    kv_cache_config = KVCacheConfig(
+        num_blocks=256,
+        kv_cache_tensors=[],
+        kv_cache_groups=[KVCacheGroupSpec(
+            ["layer.0"], FullAttentionSpec(block_size=32, num_kv_heads=1, head_size=16,
+                                           dtype=torch.float32))],
+    )
+    sched = AdaptiveSpecScheduler(
+        vllm_config=vllm_config,
+        kv_cache_config=kv_cache_config,
+        structured_output_manager=StructuredOutputManager(vllm_config),
+        block_size=32,
+    )
+    from vllm_specplug.controller import CostPrior, SpecController
+
+    sp = sched.specplug
+    sp.controller = SpecController(sp.controller.settings,
+                                   CostPrior.for_platform("cpu", "model", 0.1))
+    return sched
+
+
+def make_request(req_id, max_tokens, ceiling=None, prompt_len=20):
+    from vllm import SamplingParams
+    from vllm.v1.request import Request
+
+    extra = None if ceiling is None else {"specplug_max_k": ceiling}
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
+                            extra_args=extra)
+    return Request(req_id, [TOKEN + (i % 5) for i in range(prompt_len)], params, None)
+
+
+class SyntheticRun:
+    """Drives a scheduler the way EngineCore does, with a fake model."""
+
+    def __init__(self, sched, accepts):
+        self.sched = sched
+        self.accepts = accepts  # req_id -> fn(num_drafts) -> accepted
+        self.is_async = sched.specplug.is_async
+        self.pending = None
+        self.steps = 0
+        self.drafts_seen: dict[str, list[int]] = {}
+        self.planned_seen: dict[str, list[int]] = {}
+        # A synthetic clock with the cost shape of a CPU target and a draft a
+        # tenth its size (CostPrior.for_platform("cpu", "model", 0.1), in
+        # units of 10): speculation pays for drafts that are accepted, and a
+        # wasted draft costs a quarter of a decode step.  The controller is
+        # given that prior: with the target as its own draft (what the
+        # config says) it would rightly expect draft passes to cost as much
+        # as target passes, which this clock does not charge, and the split
+        # between draft-pass and verification cost is not identifiable from
+        # steps where both grow together.
+        # (build_scheduler installs that controller.)
+        self.now = 0.0
+        sched.specplug.clock = lambda: self.now
+
+    def model_output(self, so):
+        from vllm.v1.outputs import ModelRunnerOutput
+
+        req_ids = list(so.num_scheduled_tokens)
+        sampled = []
+        for rid in req_ids:
+            req = self.sched.requests[rid]
+            if req.is_prefill_chunk:
+                sampled.append([])
+                continue
+            spec = so.scheduled_spec_decode_tokens.get(rid, [])
+            a = self.accepts[rid](len(spec)) if spec else 0
+            sampled.append([TOKEN] * (min(a, len(spec)) + 1))
+        return ModelRunnerOutput(req_ids=req_ids,
+                                 req_id_to_index={r: i for i, r in enumerate(req_ids)},
+                                 sampled_token_ids=sampled)
+
+    def update(self, so, out):
+        # The step's time passes between its scheduling and its output.
+        batch, k_step = len(so.num_scheduled_tokens), so.num_spec_tokens_to_schedule
+        self.now += (10.0 + 0.5 * batch + 2.5 * so.total_num_scheduled_tokens
+                     + k_step * (0.5 + 0.125 * batch))
+        self.sched.update_from_output(so, out)
+
+    def check(self, so):
+        sp = self.sched.specplug
+        # Drafts verified in this step were planned when the previous step
+        # was scheduled (sync: trimmed to k_r; async: placeholders of k_r).
+        for rid in so.num_scheduled_tokens:
+            if self.sched.requests[rid].is_prefill_chunk:
+                continue
+            spec = so.scheduled_spec_decode_tokens.get(rid, [])
+            self.drafts_seen.setdefault(rid, []).append(len(spec))
+            previous = self.planned_seen.get(rid)
+            if spec and previous and not (spec[0] == -1 and not self.is_async):
+                assert len(spec) <= previous[-1], (rid, len(spec), previous[-1])
+        k_step = so.num_spec_tokens_to_schedule
+        assert 0 <= k_step <= CEILING
+        for rid, k in sp.planned.items():
+            assert 0 <= k <= k_step, (rid, k, k_step)
+            req = self.sched.requests[rid]
+            ceiling = (req.sampling_params.extra_args or {}).get("specplug_max_k", CEILING)
+            assert k <= ceiling
+            self.planned_seen.setdefault(rid, []).append(k)
+            if self.is_async:
+                assert len(req.spec_token_ids) == k, "placeholders not sized to k_r"
+
+    def step(self):
+        from vllm.v1.outputs import DraftTokenIds
+
+        so = self.sched.schedule()
+        self.check(so)
+        if self.is_async:
+            # The worker runs step t+1 while the engine processes step t.
+            out = self.model_output(so) if so.total_num_scheduled_tokens else None
+            if self.pending is not None:
+                self.update(*self.pending)
+            self.pending = (so, out) if out is not None else None
+        else:
+            if so.total_num_scheduled_tokens:
+                self.update(so, self.model_output(so))
+            decoding = [r for r in so.num_scheduled_tokens
+                        if r in self.sched.requests and not self.sched.requests[r].is_finished()]
+            k = so.num_spec_tokens_to_schedule
+            if k:
+                self.sched.update_draft_token_ids(
+                    DraftTokenIds(decoding, [[TOKEN] * k for _ in decoding]))
+        self.steps += 1
+
+    def run(self, max_steps=400):
+        while (self.sched.has_requests() or self.pending is not None) and self.steps < max_steps:
+            self.step()
+        if self.pending is not None:
+            self.update(*self.pending)
+            self.pending = None
+        assert not self.sched.has_requests(), "requests did not finish"
+
+
+def always(n):
+    return n
+
+
+def never(n):
+    return 0
+
+
+@pytest.fixture(params=[False, True], ids=["sync", "async"])
+def async_scheduling(request):
+    return request.param
+
+
+def test_invariants_mixed_batch(tiny_models, async_scheduling):
+    sched = build_scheduler(tiny_models["target"], async_scheduling)
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
+    assert isinstance(sched, AsyncScheduler) == async_scheduling
+    accepts, max_tokens = {}, {}
+    for i in range(8):
+        rid = f"r{i}"
+        ceiling = 0 if i == 6 else (2 if i == 7 else None)
+        sched.add_request(make_request(rid, 60, ceiling))
+        accepts[rid] = always if i % 2 == 0 else never
+        max_tokens[rid] = 60
+    produced = {}
+    run = SyntheticRun(sched, accepts)
+    orig = sched.update_from_output
+
+    def counting(so, out):
+        result = orig(so, out)
+        for eco in result.values():
+            for o in eco.outputs:
+                produced[o.request_id] = produced.get(o.request_id, 0) + len(o.new_token_ids)
+        return result
+
+    sched.update_from_output = counting
+    run.run()
+    assert produced == max_tokens, "token accounting broken by variable drafts"
+    # Good requests climb to the ceiling; bad ones fall back to (almost) nothing.
+    good = [d for i in (0, 2, 4) for d in run.drafts_seen[f"r{i}"][-8:]]
+    bad = [d for i in (1, 3, 5) for d in run.drafts_seen[f"r{i}"][-30:]]
+    assert sum(good) / len(good) >= CEILING - 0.5, run.drafts_seen
+    assert sum(bad) / max(len(bad), 1) <= 0.5, run.drafts_seen
+    assert max(run.drafts_seen.get("r6", [0])) == 0, "ceiling 0 drafted"
+    assert max(run.drafts_seen["r7"]) <= 2, "per-request ceiling exceeded"
+    sp = sched.specplug
+    assert sp.controller.num_requests() == 0 and not sp.planned
+    assert sp.controller.stats.drafted > 0 and sp.controller.cost.num_observations > 0
+
+
+def test_fault_in_controller_keeps_vllm_behaviour(tiny_models, async_scheduling):
+    sched = build_scheduler(tiny_models["target"], async_scheduling)
+    for i in range(4):
+        sched.add_request(make_request(f"r{i}", 30))
+
+    def broken(*a, **k):
+        raise RuntimeError("injected")
+
+    sched.specplug.controller.plan = broken
+    run = SyntheticRun(sched, {f"r{i}": always for i in range(4)})
+    run.run()
+    assert sched.specplug.faults > 0
+    # vLLM's own K (the ceiling) was used for every step.
+    assert max(d for v in run.drafts_seen.values() for d in v) == CEILING
+
+
+def test_static_policy_pins_k(tiny_models, async_scheduling):
+    sched = build_scheduler(tiny_models["target"], async_scheduling,
+                            specplug={"policy": "static", "static_k": 2})
+    for i in range(3):
+        sched.add_request(make_request(f"r{i}", 30))
+    run = SyntheticRun(sched, {f"r{i}": never for i in range(3)})
+    run.run()
+    seen = {d for v in run.drafts_seen.values() for d in v[1:]}
+    assert seen <= {0, 2} and 2 in seen
+
+
+def test_fallback_and_recovery_through_probes(tiny_models, async_scheduling):
+    """Drafts rejected for a while, then accepted: the request falls back,
+    probes with back-off, and climbs back to the ceiling once a probe is
+    accepted.  Step counts are printed for the record (``pytest -s``)."""
+    sched = build_scheduler(tiny_models["target"], async_scheduling)
+    turn_at = 40  # decode steps of rejection before drafts turn good
+    verifications = {"n": 0}
+
+    def flipping(n):
+        verifications["n"] += 1
+        return 0 if run.steps < turn_at else n
+
+    for i in range(4):
+        sched.add_request(make_request(f"r{i}", 200))
+    # Every request flips: nobody keeps the proposer running, so only probes
+    # can bring speculation back.
+    run = SyntheticRun(sched, {f"r{i}": flipping for i in range(4)})
+    run.run()
+    seen = run.drafts_seen["r0"]
+    # Index of the first decode step at or after the flip.
+    flip = next(i for i in range(len(seen)) if i + 2 >= turn_at)
+    fallback_at = next(i for i in range(1, flip) if seen[i] == 0 and max(seen[i:flip]) <= 1)
+    recovered_at = next(i for i in range(flip, len(seen)) if seen[i] >= CEILING)
+    stats = sched.specplug.controller.stats
+    print(f"\n{'async' if async_scheduling else 'sync'}: fell back after {fallback_at} decode "
+          f"steps, recovered to K={CEILING} {recovered_at - flip} steps after drafts turned "
+          f"good; probes sent {stats.probes_sent}, succeeded {stats.probes_succeeded}")
+    assert fallback_at <= 10
+    # Recovery waits for the next probe (back-off up to probe_max_interval),
+    # then a few doubling probes and the policy's own climb.
+    max_interval = sched.specplug.controller.settings.probe_max_interval
+    assert recovered_at - flip <= max_interval + 12
+    assert stats.probes_succeeded >= 1 and stats.recoveries >= 1
