@@ -7,7 +7,18 @@
   so its drafts almost never agree with the target (acceptance ~0);
 - ``draft_mismatch``: a draft whose vocabulary differs (for error tests).
 
-The target used as its own draft gives acceptance ~1.  Nothing is fetched.
+The target used as its own draft gives acceptance ~1.
+
+``make_successor_models(folder)`` writes models whose greedy output is known
+in advance (each token is followed by ``successor[token]``), for tests that
+need easy and hard requests side by side:
+
+- ``copy_target``: words 0-299 form cycles of 6 (text that repeats, so
+  n-gram lookup and a good draft predict it), words 300-999 one long cycle;
+- ``copy_draft_half``: agrees with the target on the short cycles only, so
+  its acceptance is ~1 on ``easy_prompt`` requests and ~0 on ``hard_prompt``.
+
+Nothing is fetched.
 """
 
 from __future__ import annotations
@@ -71,6 +82,122 @@ def build_llama(folder: Path, seed: int, vocab_size: int, layers: int = 2) -> No
     # generation stops on max_tokens unless a test asks otherwise.
     gen = {"bos_token_id": 1, "eos_token_id": 2}
     (folder / "generation_config.json").write_text(json.dumps(gen))
+
+
+SHORT_CYCLE = 6
+SHORT_WORDS = 300
+
+
+def _word_id(word: int) -> int:
+    return word + len(SPECIALS)
+
+
+def successor_table(seed: int = 0, shuffle_long: int | None = None):
+    """``succ[token_id]``: the token a successor model emits after it.
+
+    Words below ``SHORT_WORDS`` form cycles of ``SHORT_CYCLE``; the rest one
+    long cycle in an order drawn from ``seed`` (a draft built with another
+    ``shuffle_long`` seed disagrees there).  Specials map among themselves
+    and are never emitted after a word.
+    """
+    import numpy as np
+
+    vocab = VOCAB_WORDS + len(SPECIALS)
+    succ = np.arange(vocab)
+    succ[[0, 1, 2]] = [1, 2, 0]
+    for start in range(0, SHORT_WORDS, SHORT_CYCLE):
+        ids = [_word_id(w) for w in range(start, start + SHORT_CYCLE)]
+        for a, b in zip(ids, ids[1:] + ids[:1]):
+            succ[a] = b
+    rng = np.random.default_rng(seed if shuffle_long is None else shuffle_long)
+    order = [_word_id(w) for w in rng.permutation(np.arange(SHORT_WORDS, VOCAB_WORDS))]
+    for a, b in zip(order, order[1:] + order[:1]):
+        succ[a] = b
+    return succ
+
+
+def build_successor_llama(folder: Path, succ, hidden: int = 128, layers: int = 1,
+                          intermediate: int = 256, seed: int = 0) -> None:
+    """A Llama whose greedy next token is ``succ[current token]``.
+
+    Attention and MLP outputs are zero, so each position's final hidden state
+    is its own (normalised) embedding ``e_t``; the output row of token
+    ``succ[t]`` is ``e_t``, so that token has the largest logit.  Random unit
+    embeddings in 128 or more dimensions overlap far less than they match
+    (margin > 0.4), so the choice is robust in float32.  The zeroed layers
+    still compute, so ``layers`` and ``intermediate`` set what a forward
+    pass costs (a target heavy enough that verifying a token is not free).
+    """
+    import numpy as np
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    vocab = len(succ)
+    cfg = LlamaConfig(
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate,
+        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=2048, bos_token_id=1, eos_token_id=2,
+        tie_word_embeddings=False, torch_dtype="float32")
+    model = LlamaForCausalLM(cfg)
+    rng = np.random.default_rng(seed)
+    emb = rng.standard_normal((vocab, hidden))
+    emb /= np.linalg.norm(emb, axis=1, keepdims=True)
+    head = np.zeros_like(emb)
+    head[succ] = emb  # succ is a permutation: every row is set once
+    with torch.no_grad():
+        model.model.embed_tokens.weight.copy_(torch.from_numpy(emb).float())
+        model.lm_head.weight.copy_(torch.from_numpy(head).float())
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+    model.save_pretrained(str(folder), safe_serialization=True)
+    (folder / "generation_config.json").write_text(
+        json.dumps({"bos_token_id": 1, "eos_token_id": 2}))
+
+
+def make_successor_models(root: str | os.PathLike) -> dict[str, str]:
+    root = Path(root)
+    paths = {name: root / name for name in ("copy_target", "copy_draft_half")}
+    done = root / ".complete"
+    if not done.exists():
+        # The target costs about as much per token as the 1-2 layer random
+        # target of make_tiny_models does per step, so verifying a draft
+        # token has a visible price on CPU; the draft is small and cheap.
+        for name, shuffle, size in (("copy_target", None, dict(hidden=512, layers=4,
+                                                                 intermediate=4096)),
+                                    ("copy_draft_half", 12345, {})):
+            paths[name].mkdir(parents=True, exist_ok=True)
+            build_tokenizer(paths[name])
+            build_successor_llama(paths[name], successor_table(0, shuffle), **size)
+        done.write_text("ok")
+    return {k: str(v) for k, v in paths.items()}
+
+
+def easy_prompt(i: int, repeats: int = 5) -> str:
+    """A short cycle written out ``repeats`` times: the model continues it."""
+    start = (i * SHORT_CYCLE) % SHORT_WORDS
+    cycle = [_word(w) for w in range(start, start + SHORT_CYCLE)]
+    return " ".join(cycle * repeats)
+
+
+def hard_prompt(i: int, length: int = 40) -> str:
+    """Words the model will emit next, in a shuffled order, then a start word.
+
+    The model walks the long cycle from the last word; every word it emits
+    is in the prompt followed by a wrong word, so n-gram lookup proposes
+    wrong drafts (and ``copy_draft_half`` disagrees there anyway).
+    """
+    import numpy as np
+
+    succ = successor_table(0)
+    start = _word_id(SHORT_WORDS + (i * 97) % (VOCAB_WORDS - SHORT_WORDS))
+    walk, t = [], start
+    for _ in range(length):
+        t = int(succ[t])
+        walk.append(t)
+    np.random.default_rng(i).shuffle(walk)
+    ids = walk + [start]
+    return " ".join(_word(t - len(SPECIALS)) for t in ids)
 
 
 def make_tiny_models(root: str | os.PathLike) -> dict[str, str]:

@@ -25,8 +25,8 @@ class ControllerSettings:
     max_k: int
     policy: str = "goodput"
     static_k: int | None = None
-    forgetting: float = 0.85
-    prior_strength: float = 2.0
+    forgetting: float = 0.9
+    prior_strength: float = 0.5
     initial_acceptance: float = 0.6
     cost_forgetting: float = 0.98
     min_gain: float = 0.02

@@ -109,6 +109,10 @@ class GoodputPolicy:
             k_steps = fixed_k_step
         seconds = cost.predict_many(batch, base_tokens + self._counts(n), k_steps,
                                     self.optimism)
+        # Optimism is for trying more drafting than the data covers; plain
+        # decoding is the baseline and is judged at its point estimate, or a
+        # well-measured speculative plan would lose to an untested plain one.
+        seconds[0] = cost.predict_many(batch, np.array([float(base_tokens)]), 0.0)[0]
         goodput = tokens / np.maximum(seconds, 1e-9)
         best = int(np.argmax(goodput))
         if best > 0 and goodput[best] < goodput[0] * (1.0 + self.min_gain):
