@@ -1,4 +1,9 @@
-"""``vllm-specplug`` command: models cache, and (later) serve."""
+"""``vllm-specplug`` command.
+
+    vllm-specplug serve [vllm serve arguments...]   vLLM's server, on CPU or GPU builds
+    vllm-specplug models {list,fetch,path} ...      the offline model cache
+    vllm-specplug trace plot TRACE.jsonl [-o PNG]   K over time per request from a trace
+"""
 
 from __future__ import annotations
 
@@ -8,8 +13,16 @@ import sys
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: vllm-specplug models {list,fetch,path} ...")
+        print(__doc__.strip())
         return 0
+    if argv[0] == "serve":
+        from vllm_specplug.serve import main as serve_main
+
+        return serve_main(argv[1:])
+    if argv[0] == "trace":
+        from vllm_specplug.trace import main as trace_main
+
+        return trace_main(argv[1:])
     if argv[0] == "models":
         from vllm_specplug.models import main as models_main
 

@@ -66,6 +66,9 @@ class SpecPlugConfig:
     probe_max_interval: int = _DEFAULTS.probe_max_interval
     # Seconds between controller summary lines in the log (0 turns them off).
     log_interval_s: float = 10.0
+    # Opt-in decision trace: a JSON Lines file the engine core appends to
+    # (one line per planned and per verified step); null turns it off.
+    trace_path: str | None = None
 
     @classmethod
     def from_additional_config(
@@ -118,6 +121,9 @@ class SpecPlugConfig:
             v = getattr(self, key)
             if not (_is_int(v) and 1 <= v <= 1_000_000):
                 raise bad(key, "an integer >= 1")
+        if self.trace_path is not None and not (isinstance(self.trace_path, str)
+                                                and self.trace_path.strip()):
+            raise bad("trace_path", "a file path (string), or null")
         if self.probe_max_interval < self.probe_interval:
             raise bad("probe_max_interval", f"an integer >= probe_interval ({self.probe_interval})")
 

@@ -102,7 +102,12 @@ class AdaptiveSpecState:
         # Step timing source; tests substitute a synthetic clock.
         self.clock = time.perf_counter
         self.faults = 0
+        self.step = 0
+        # Predicted seconds of each step still in flight, for calibration.
+        self.predicted: dict[int, float] = {}
         self.last_log = time.monotonic()
+        self.metrics = self._make_metrics(vllm_config)
+        self.trace = self._open_trace(vllm_config)
         self._placeholders = [[-1] * k for k in range(self.num_spec_tokens + 1)]
 
     def _cost_prior(self, vllm_config, spec) -> CostPrior:
@@ -123,6 +128,41 @@ class AdaptiveSpecState:
                 pass
             return CostPrior.for_platform(platform, "model", ratio)
         return CostPrior.for_platform(platform, "lookup")
+
+    def _make_metrics(self, vllm_config):
+        try:
+            from vllm_specplug.metrics import SpecPlugMetrics
+
+            names = getattr(vllm_config.model_config, "served_model_name", None)
+            name = names[0] if isinstance(names, (list, tuple)) and names else (
+                names or vllm_config.model_config.model)
+            rank = getattr(vllm_config.parallel_config, "data_parallel_rank", 0) or 0
+            return SpecPlugMetrics(str(name), int(rank), self.ceiling)
+        except Exception:
+            logger.warning("vllm-specplug: Prometheus metrics unavailable, serving goes "
+                           "on without them:\n%s", traceback.format_exc())
+            return None
+
+    def _open_trace(self, vllm_config):
+        path = self.config.trace_path
+        if not path:
+            return None
+        from vllm_specplug.trace import DecisionTrace
+
+        dp = getattr(vllm_config.parallel_config, "data_parallel_size", 1) or 1
+        if dp > 1:
+            rank = getattr(vllm_config.parallel_config, "data_parallel_rank", 0) or 0
+            path = f"{path}.rank{rank}"
+        try:
+            trace = DecisionTrace(path)
+        except OSError as exc:
+            from vllm_specplug.config import SpecPlugConfigError
+
+            raise SpecPlugConfigError(
+                f'additional_config["specplug"].trace_path = {path!r} cannot be '
+                f"opened for writing: {exc}") from exc
+        logger.info("vllm-specplug: writing the decision trace to %s", path)
+        return trace
 
     def placeholder(self, k: int) -> list[int]:
         # Shared read-only lists: vLLM slices (copies) spec_token_ids before
@@ -152,9 +192,13 @@ class _AdaptiveSpecMixin:
             return
         logger.info(
             "vllm-specplug: adaptive speculation on: method=%s policy=%s ceiling=%d "
-            "K_step=%s scheduler=%s", sp.method, sp.config.policy, sp.ceiling,
+            "K_step=%s scheduler=%s probes every %d-%d steps, metrics %s, trace %s",
+            sp.method, sp.config.policy, sp.ceiling,
             f"pinned ({sp.pin_reason})" if sp.k_step_pinned else "adaptive",
-            "async" if isinstance(self, AsyncScheduler) else "sync")
+            "async" if sp.is_async else "sync", sp.config.probe_interval,
+            sp.config.probe_max_interval,
+            "on" if sp.metrics is not None else "off",
+            sp.config.trace_path or "off")
 
     # -- request lifecycle -------------------------------------------------
     def add_request(self, request) -> None:
@@ -182,6 +226,11 @@ class _AdaptiveSpecMixin:
         if sp.enabled:
             sp.controller.finish_request(request.request_id)
             sp.planned.pop(request.request_id, None)
+            if sp.metrics is not None and sp.controller.num_requests() == 0:
+                try:
+                    sp.metrics.flush(sp.controller, sp.faults)  # the engine goes idle
+                except Exception:
+                    sp.fault("metrics")
         return result
 
     # -- deciding ----------------------------------------------------------
@@ -197,6 +246,7 @@ class _AdaptiveSpecMixin:
             sp.fault("schedule")
         if len(sp.sched_end) > 8:
             sp.sched_end.clear()  # outputs that never came back (aborted steps)
+            sp.predicted.clear()
         sp.sched_end[id(scheduler_output)] = sp.clock()
 
     def _specplug_plan(self, scheduler_output) -> None:
@@ -217,6 +267,12 @@ class _AdaptiveSpecMixin:
         if not sp.k_step_pinned:
             scheduler_output.num_spec_tokens_to_schedule = k_step
         sp.planned = dict(zip(decoding, k_list))
+        sp.step += 1
+        sp.predicted[id(scheduler_output)] = decision.predicted_seconds
+        if sp.metrics is not None:
+            sp.metrics.record_step(k_step)
+        if sp.trace is not None:
+            sp.trace.plan(sp.step, decision, decoding, sp.controller)
         if sp.is_async:
             # vLLM sized every decoding request's placeholders to K_step;
             # resize to the request's own k_r (never above K_step: a larger
@@ -258,14 +314,19 @@ class _AdaptiveSpecMixin:
         rids: list[str] = []
         drafted: list[int] = []
         accepted: list[int] = []
+        verified: dict[str, list[int]] | None = {} if sp.trace is not None else None
         for rid, spec in scheduler_output.scheduled_spec_decode_tokens.items():
-            if not spec or (spec[0] == -1 and not is_async):
-                # Sync mode: vLLM's own padding placeholders (no real draft
-                # behind them).  Async mode: every entry is a placeholder the
-                # worker fills with the previous step's drafts, so count them.
+            if not spec:
                 continue
             idx = index.get(rid)
             if idx is None or not sampled or idx >= len(sampled) or len(sampled[idx]) == 0:
+                continue
+            if verified is not None:
+                verified[rid] = [len(spec), len(sampled[idx]) - 1]
+            if spec[0] == -1 and not is_async:
+                # Sync mode: vLLM's own padding placeholders (no real draft
+                # behind them).  Async mode: every entry is a placeholder the
+                # worker fills with the previous step's drafts, so count them.
                 continue
             rids.append(rid)
             drafted.append(len(spec))
@@ -274,14 +335,23 @@ class _AdaptiveSpecMixin:
             ctrl.observe_verifications(rids, drafted, accepted)
         total = scheduler_output.total_num_scheduled_tokens
         sched_end = sp.sched_end.pop(id(scheduler_output), None)
+        predicted = sp.predicted.pop(id(scheduler_output), None)
+        measured = None
         if sched_end is not None and total > 0:
             # Sync: the step ran from the end of schedule() to now.  Async:
             # it could only start once the previous step had finished, so it
             # ran from the later of that and its own scheduling.
             start = sched_end if sp.last_update_end is None else max(sched_end, sp.last_update_end)
+            measured = now - start
             ctrl.observe_step(len(scheduler_output.num_scheduled_tokens), total,
-                              scheduler_output.num_spec_tokens_to_schedule, now - start)
+                              scheduler_output.num_spec_tokens_to_schedule, measured)
         sp.last_update_end = None if total == 0 or not is_async else now
+        if verified is not None and (verified or measured is not None):
+            sp.trace.verify(sp.step, measured, verified)
+        if sp.metrics is not None:
+            if predicted is not None and measured is not None:
+                sp.metrics.record_timing(predicted, measured)
+            sp.metrics.maybe_flush(ctrl, sp.faults, idle=ctrl.num_requests() == 0)
         if sp.config.log_interval_s > 0 and time.monotonic() - sp.last_log >= sp.config.log_interval_s:
             sp.last_log = time.monotonic()
             self._specplug_log_summary()

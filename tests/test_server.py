@@ -1,0 +1,270 @@
+"""``vllm-specplug serve`` on loopback with the shipped configs, tiny models.
+
+Each config in ``configs/`` is started as a user would start it (``--config
+FILE``), with only the model paths and test sizes changed.  The ``openai``
+client talks to it; ``/metrics`` and the decision trace are read back.
+"""
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIGS = ROOT / "configs"
+START_TIMEOUT_S = 300
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, config: Path, overrides: dict, tmp: Path, name: str) -> None:
+        cfg = yaml.safe_load(config.read_text())
+        for key, value in overrides.items():
+            if isinstance(value, dict) and isinstance(cfg.get(key), dict):
+                cfg[key] = {**cfg[key], **value}
+            else:
+                cfg[key] = value
+        self.port = free_port()
+        cfg.update({"port": self.port, "host": "127.0.0.1", "max-model-len": 512,
+                    "enforce-eager": True, "dtype": "float32", "max-num-seqs": 16})
+        self.cfg = cfg
+        self.config_path = tmp / f"{name}.yaml"
+        self.config_path.write_text(yaml.safe_dump(cfg))
+        self.log_path = tmp / f"{name}.log"
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.model = cfg["served-model-name"]
+
+    def start(self) -> "Server":
+        env = dict(os.environ)
+        env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # a real server: engine in its own process
+        env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+        env["VLLM_CPU_KVCACHE_SPACE"] = "1"
+        self.log = open(self.log_path, "w")
+        exe = Path(sys.executable).with_name("vllm-specplug")
+        self.proc = subprocess.Popen([str(exe), "serve", "--config", str(self.config_path)],
+                                     stdout=self.log, stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=True)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited ({self.proc.returncode}):\n{self.tail()}")
+            try:
+                if requests.get(self.url + "/health", timeout=2).status_code == 200:
+                    return self
+            except requests.RequestException:
+                pass
+            time.sleep(1)
+        self.stop()
+        raise RuntimeError(f"server not ready in {START_TIMEOUT_S}s:\n{self.tail()}")
+
+    def tail(self, n: int = 60) -> str:
+        return "\n".join(self.log_path.read_text().splitlines()[-n:])
+
+    def healthy(self) -> bool:
+        return requests.get(self.url + "/health", timeout=5).status_code == 200
+
+    def metrics(self) -> dict[str, float]:
+        """Prometheus text → {series with labels: value}, our and vLLM's spec series."""
+        text = requests.get(self.url + "/metrics", timeout=10).text
+        out = {}
+        for line in text.splitlines():
+            if line.startswith("#") or not line.strip():
+                continue
+            name, _, value = line.rpartition(" ")
+            if "specplug" in name or "spec_decode" in name:
+                out[name] = float(value)
+        return out
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGINT)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        self.log.close()
+
+
+def client(server):
+    import openai
+
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+
+
+def metric_sum(metrics: dict[str, float], name: str, **labels) -> float:
+    total = 0.0
+    for series, value in metrics.items():
+        base = series.split("{", 1)[0]
+        if base != name:
+            continue
+        if all(f'{k}="{v}"' in series for k, v in labels.items()):
+            total += value
+    return total
+
+
+@pytest.fixture(scope="module")
+def adaptive_server(tiny_models, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("server-adaptive")
+    trace = tmp / "trace.jsonl"
+    server = Server(CONFIGS / "qwen-coder-adaptive.yaml", {
+        "model": tiny_models["target"],
+        "speculative-config": {"model": tiny_models["target"], "num_speculative_tokens": 4},
+        "additional-config": {"specplug": {"policy": "goodput", "log_interval_s": 1,
+                                           "trace_path": str(trace)}},
+        "per-request-spec-decode-metrics": "detailed",
+    }, tmp, "adaptive").start()
+    server.trace_path = trace
+    yield server
+    server.stop()
+
+
+PROMPT = " ".join(f"w{i}" for i in range(3, 40, 3))
+
+
+def test_completions_and_chat_streaming_and_not(adaptive_server):
+    c = client(adaptive_server)
+    model = adaptive_server.model
+    r = c.completions.create(model=model, prompt=PROMPT, max_tokens=24, temperature=0)
+    assert r.choices[0].text and r.usage.completion_tokens == 24
+    text = "".join(ch.choices[0].text for ch in c.completions.create(
+        model=model, prompt=PROMPT, max_tokens=24, temperature=0, stream=True))
+    assert text == r.choices[0].text
+    msgs = [{"role": "user", "content": PROMPT}]
+    chat = c.chat.completions.create(model=model, messages=msgs, max_tokens=16, temperature=0)
+    assert chat.choices[0].message.content
+    streamed = "".join((ch.choices[0].delta.content or "") for ch in c.chat.completions.create(
+        model=model, messages=msgs, max_tokens=16, temperature=0, stream=True) if ch.choices)
+    assert streamed == chat.choices[0].message.content
+
+
+def _spec_metrics(response_json: dict) -> dict | None:
+    metrics = response_json.get("metrics") or {}
+    return metrics.get("speculative_decoding")
+
+
+def test_per_request_ceiling_zero_gives_no_drafts(adaptive_server):
+    url = adaptive_server.url + "/v1/completions"
+    body = {"model": adaptive_server.model, "prompt": PROMPT, "max_tokens": 32,
+            "temperature": 0}
+    plain = requests.post(url, json={**body, "vllm_xargs": {"specplug_max_k": 0}}).json()
+    spec = _spec_metrics(plain)
+    assert spec is None or spec["num_draft_tokens"] == 0, spec
+    default = requests.post(url, json=body).json()
+    assert default["choices"][0]["text"] == plain["choices"][0]["text"]
+    spec = _spec_metrics(default)
+    assert spec is not None and spec["num_draft_tokens"] > 0, default
+    print("per-request metrics:", json.dumps(spec)[:300])
+
+
+@pytest.mark.parametrize("bad", [-1, "2", 2.5, 10**9, "nan"])
+def test_bad_vllm_xargs_get_400_and_server_keeps_serving(adaptive_server, bad):
+    url = adaptive_server.url + "/v1/completions"
+    body = {"model": adaptive_server.model, "prompt": PROMPT, "max_tokens": 4,
+            "vllm_xargs": {"specplug_max_k": bad}}
+    r = requests.post(url, json=body)
+    assert r.status_code == 400, r.text
+    assert "specplug_max_k" in r.text
+    r = requests.post(url, json={**body, "vllm_xargs": {"specplug_typo": 1}})
+    assert r.status_code == 400 and "specplug_typo" in r.text
+    assert adaptive_server.healthy()
+    ok = requests.post(url, json={**body, "vllm_xargs": {}})
+    assert ok.status_code == 200
+
+
+def test_metrics_and_trace_agree_with_vllm_counters(adaptive_server):
+    c = client(adaptive_server)
+    for i in range(4):
+        c.completions.create(model=adaptive_server.model, prompt=PROMPT + f" w{i}",
+                             max_tokens=48, temperature=0)
+    time.sleep(1.5)
+    m = adaptive_server.metrics()
+    names = {s.split("{", 1)[0] for s in m}
+    for series in ("vllm:specplug_steps_total", "vllm:specplug_request_steps_total",
+                   "vllm:specplug_requests_in_fallback", "vllm:specplug_probes_total",
+                   "vllm:specplug_estimated_acceptance",
+                   "vllm:specplug_predicted_step_seconds_total",
+                   "vllm:specplug_measured_step_seconds_total"):
+        assert series in names, sorted(names)
+    # A good draft (the target itself): most request-steps get the ceiling.
+    full = metric_sum(m, "vllm:specplug_request_steps_total", k="4")
+    total = metric_sum(m, "vllm:specplug_request_steps_total")
+    assert full > 0.5 * total, m
+    assert metric_sum(m, "vllm:specplug_estimated_acceptance", position="1") > 0.8
+    assert metric_sum(m, "vllm:specplug_measured_step_seconds_total") > 0
+    # The trace parses, and its verified counts are vLLM's own counters.
+    records = [json.loads(line) for line in adaptive_server.trace_path.read_text().splitlines()]
+    plans = [r for r in records if r["event"] == "plan"]
+    verifies = [r for r in records if r["event"] == "verify"]
+    assert plans and verifies
+    assert all(0 <= v["k"] <= p["k_step"] <= 4 for p in plans for v in p["requests"].values())
+    drafted = sum(d for r in verifies for d, _ in r["requests"].values())
+    accepted = sum(a for r in verifies for _, a in r["requests"].values())
+    assert drafted == metric_sum(m, "vllm:spec_decode_num_draft_tokens_total")
+    assert accepted == metric_sum(m, "vllm:spec_decode_num_accepted_tokens_total")
+    # The log carries the start-up line and the periodic summary.
+    log = adaptive_server.tail(400)
+    assert "adaptive speculation on" in log and "mean K_step" in log
+
+
+def test_trace_plot_command(adaptive_server, tmp_path):
+    out = tmp_path / "k.png"
+    exe = Path(sys.executable).with_name("vllm-specplug")
+    subprocess.run([str(exe), "trace", "plot", str(adaptive_server.trace_path), "-o", str(out)],
+                   check=True)
+    assert out.stat().st_size > 1000
+
+
+def test_bad_draft_config_fallback_series_rise(tiny_models, tmp_path):
+    server = Server(CONFIGS / "qwen-coder-adaptive.yaml", {
+        "model": tiny_models["target"],
+        "speculative-config": {"model": tiny_models["draft_bad"], "num_speculative_tokens": 4},
+    }, tmp_path, "bad-draft").start()
+    try:
+        c = client(server)
+        for i in range(3):
+            c.completions.create(model=server.model, prompt=PROMPT + f" w{i}", max_tokens=64,
+                                 temperature=0)
+        time.sleep(1.5)
+        m = server.metrics()
+        zero = metric_sum(m, "vllm:specplug_request_steps_total", k="0")
+        total = metric_sum(m, "vllm:specplug_request_steps_total")
+        assert zero > 0.6 * total, m
+        assert metric_sum(m, "vllm:specplug_probes_total") > 0
+        assert metric_sum(m, "vllm:specplug_estimated_acceptance", position="1") < 0.3
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("config", ["smollm2-ngram-adaptive.yaml", "static-k4.yaml"])
+def test_other_configs_serve(tiny_models, tmp_path, config):
+    overrides = {"model": tiny_models["target"]}
+    if "static" in config:
+        overrides["speculative-config"] = {"model": tiny_models["target"]}
+    server = Server(CONFIGS / config, overrides, tmp_path, config.split(".")[0]).start()
+    try:
+        r = client(server).completions.create(model=server.model, prompt=PROMPT,
+                                              max_tokens=16, temperature=0)
+        assert r.usage.completion_tokens == 16
+        if "static" in config:
+            time.sleep(1.5)
+            m = server.metrics()
+            # Static K=4: every decode request-step got 4 drafts.
+            assert metric_sum(m, "vllm:specplug_request_steps_total", k="4") == \
+                metric_sum(m, "vllm:specplug_request_steps_total") > 0
+    finally:
+        server.stop()

@@ -1,0 +1,119 @@
+"""An opt-in decision trace (JSON Lines) and a plot of K over time.
+
+Turn it on with ``additional_config["specplug"]["trace_path"]``.  The engine
+core appends one line per event (with data parallelism, each rank writes
+``PATH.rankN``):
+
+- ``{"event": "plan", "step": n, "t": seconds, "k_step": K, "batch": B,
+  "predicted_s": ..., "plain_s": ..., "predicted_speedup": ...,
+  "requests": {req_id: {"k": k, "acceptance": a1, "expected": e}, ...}}``
+  where ``acceptance`` is the estimated probability that the request's first
+  draft is accepted and ``expected`` the expected accepted drafts for the k
+  granted (why it got k);
+- ``{"event": "verify", "step": n, "t": ..., "measured_s": seconds or null,
+  "requests": {req_id: [drafted, accepted], ...}}``: what vLLM verified in
+  the step and what was accepted, as vLLM counts it (its spec-decode
+  counters sum the same numbers).
+
+``vllm-specplug trace plot TRACE.jsonl -o k.png`` draws K per request over
+steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+
+class DecisionTrace:
+    """Appends events to a JSON Lines file, one line each, flushed as written."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._file = open(path, "a", buffering=1)
+        self._t0 = time.monotonic()
+
+    def plan(self, step: int, decision, req_ids, controller) -> None:
+        rows = controller._rows(req_ids) if req_ids else []
+        surv = controller.estimator.survival(rows) if len(req_ids) else None
+        requests = {}
+        for i, (rid, k) in enumerate(zip(req_ids, decision.k.tolist())):
+            s = surv[i]
+            requests[rid] = {"k": k, "acceptance": round(float(max(s[0], 0.0)), 4),
+                             "expected": round(float(max(s[:k].sum(), 0.0)), 4)}
+        self._write({"event": "plan", "step": step, "t": self._now(),
+                     "k_step": int(decision.k_step), "batch": len(req_ids),
+                     "predicted_s": _num(decision.predicted_seconds),
+                     "plain_s": _num(decision.plain_seconds),
+                     "predicted_speedup": _num(decision.predicted_speedup),
+                     "requests": requests})
+
+    def verify(self, step: int, measured_s, verified: dict[str, list[int]]) -> None:
+        self._write({"event": "verify", "step": step, "t": self._now(),
+                     "measured_s": _num(measured_s), "requests": verified})
+
+    def close(self) -> None:
+        self._file.close()
+
+    def _now(self) -> float:
+        return round(time.monotonic() - self._t0, 6)
+
+    def _write(self, record: dict) -> None:
+        self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
+
+
+def _num(x):
+    if x is None:
+        return None
+    x = float(x)
+    return round(x, 9) if x == x and abs(x) != float("inf") else None
+
+
+def read_trace(path: str) -> list[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def plot_k_over_time(records: list[dict], out: str, max_requests: int = 24) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series: dict[str, tuple[list[int], list[int]]] = {}
+    for r in records:
+        if r.get("event") != "plan":
+            continue
+        for rid, info in r["requests"].items():
+            xs, ys = series.setdefault(rid, ([], []))
+            xs.append(r["step"])
+            ys.append(info["k"])
+    fig, ax = plt.subplots(figsize=(10, 5))
+    for rid in list(series)[:max_requests]:
+        xs, ys = series[rid]
+        ax.step(xs, ys, where="post", label=rid[:16], alpha=0.8)
+    ax.set_xlabel("engine step")
+    ax.set_ylabel("drafts granted (k)")
+    ax.set_title("K chosen per request over time")
+    if len(series) <= 12:
+        ax.legend(fontsize=7, loc="upper right")
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="vllm-specplug trace")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    pl = sub.add_parser("plot", help="plot K over time per request")
+    pl.add_argument("trace")
+    pl.add_argument("-o", "--out", default="k_over_time.png")
+    pl.add_argument("--max-requests", type=int, default=24)
+    args = p.parse_args(argv)
+    records = read_trace(args.trace)
+    out = plot_k_over_time(records, args.out, args.max_requests)
+    plans = sum(1 for r in records if r.get("event") == "plan")
+    print(f"{out}: {plans} planned steps")
+    return 0
