@@ -106,6 +106,7 @@ class AdaptiveSpecState:
         # Predicted seconds of each step still in flight, for calibration.
         self.predicted: dict[int, float] = {}
         self.last_log = time.monotonic()
+        self.last_logged: dict[str, int] | None = None
         self.metrics = self._make_metrics(vllm_config)
         self.trace = self._open_trace(vllm_config)
         self._placeholders = [[-1] * k for k in range(self.num_spec_tokens + 1)]
@@ -357,20 +358,30 @@ class _AdaptiveSpecMixin:
             self._specplug_log_summary()
 
     def _specplug_log_summary(self) -> None:
+        """One line, in vLLM's style, about the steps since the last line."""
         sp = self.specplug
         s = sp.controller.stats
-        steps = max(s.steps, 1)
-        req_steps = max(s.request_steps, 1)
+        keys = ("steps", "sum_k_step", "request_steps", "granted_slots",
+                "fallback_request_steps", "drafted", "accepted", "probes_sent",
+                "probes_succeeded")
+        now = {k: getattr(s, k) for k in keys}
+        prev = sp.last_logged or dict.fromkeys(keys, 0)
+        sp.last_logged = now
+        w = {k: now[k] - prev[k] for k in keys}
+        if w["steps"] == 0:
+            return  # idle since the last line
+        req_steps = max(w["request_steps"], 1)
         d = sp.controller.last_decision
         speedup = d.predicted_speedup if d is not None else float("nan")
         logger.info(
             "vllm-specplug: mean K_step %.2f, mean k/request %.2f, fallback %.0f%% of "
             "request-steps, acceptance %.2f, predicted speedup %.2fx, probes %d (%d ok), "
             "requests %d (%d in fallback)",
-            s.sum_k_step / steps, s.granted_slots / req_steps,
-            100.0 * s.fallback_request_steps / req_steps,
-            s.accepted / max(s.drafted, 1), speedup, s.probes_sent, s.probes_succeeded,
-            sp.controller.num_requests(), sp.controller.num_in_fallback())
+            w["sum_k_step"] / w["steps"], w["granted_slots"] / req_steps,
+            100.0 * w["fallback_request_steps"] / req_steps,
+            w["accepted"] / max(w["drafted"], 1), speedup, w["probes_sent"],
+            w["probes_succeeded"], sp.controller.num_requests(),
+            sp.controller.num_in_fallback())
 
 
 class SyncAdaptiveSpecScheduler(_AdaptiveSpecMixin, Scheduler):
