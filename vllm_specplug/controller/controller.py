@@ -81,6 +81,7 @@ class SpecController:
         self._row_of = self.estimator._rows  # req_id -> row, owned by the estimator
         self._last_ids: list[str] | None = None
         self._any_dirty = False
+        self._probe_check: tuple | None = None
         self._alloc(self.estimator.capacity)
         self.stats = ControllerStats(k_counts=np.zeros(settings.max_k + 1, dtype=np.int64))
         self.last_decision: Decision | None = None
@@ -348,7 +349,23 @@ class SpecController:
 
     def _probe_can_pay(self, rows: np.ndarray, ceilings: np.ndarray, due_idx: np.ndarray,
                        base_tokens: float, fixed_k_step: int | None) -> bool:
-        """Would the policy speculate on the due requests if their drafts were good?"""
+        """Would the policy speculate on the due requests if their drafts were good?
+
+        The answer depends on costs and on the batch, which change slowly; it
+        is reused for ``PROBE_CHECK_STEPS`` plans at the same batch size, so a
+        large batch in fallback does not pay for a second plan every step.
+        """
+        key = (rows.size, fixed_k_step)
+        cached = self._probe_check
+        if cached is not None and cached[0] == key and self.stats.steps - cached[1] < self.PROBE_CHECK_STEPS:
+            return cached[2]
+        answer = self._hopeful_plan_pays(rows, ceilings, due_idx, base_tokens, fixed_k_step)
+        self._probe_check = (key, self.stats.steps, answer)
+        return answer
+
+    PROBE_CHECK_STEPS = 8
+
+    def _hopeful_plan_pays(self, rows, ceilings, due_idx, base_tokens, fixed_k_step) -> bool:
         width = self.estimator.max_positions
         hopeful = self.estimator.survival(rows)
         hopeful[due_idx] = (self.PROBE_OPTIMISM ** np.arange(1, width + 1))[None, :] - (
