@@ -147,6 +147,11 @@ class StepCostModel:
         sd = np.sqrt(np.maximum(var, 0.0))
         return np.maximum(pred - optimism * sd, 0.5 * pred)
 
+    def linear_terms(self, batch: float) -> tuple[float, float, float]:
+        """Step seconds at this batch size as a0 + a_tok * tokens + a_pass * K_step."""
+        a0, a1, a2, _ = self._reduced(batch)
+        return a0, a1, a2
+
     def _reduced(self, batch: float) -> tuple:
         """theta and the covariance reduced to (1, tokens, k_step), as floats."""
         cached = self._reduced_cache.get(batch)

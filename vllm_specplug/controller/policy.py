@@ -41,18 +41,29 @@ class Decision:
 
 
 class GoodputPolicy:
-    """Admit draft slots in order of survival while they raise goodput.
+    """Give draft slots where they raise accepted tokens per second.
 
-    Goodput of a plan = (B + sum of survival probabilities of its slots) /
-    predicted step time.  Because survival is non-increasing along a
-    request's positions, the plans "the n most likely slots" are prefix
-    closed per request; we evaluate all of them at once (sort, cumulative
-    sums, running max of the position for K_step) and keep the best.  No slot
-    paying for itself is exactly the fallback to plain decoding, whether the
-    drafts are bad or the batch is compute-bound.
+    For each K_step j (draft positions the proposer runs, shared by the whole
+    batch) the best plan is closed-form: a slot (request r, position p <= j)
+    is worth it when its survival probability s[r, p] (the chance that
+    drafts 1..p are all accepted) is at least lambda * c_T, where c_T is the
+    cost of verifying one token and lambda the value of time in tokens per
+    second.  The j with the largest net gain, expected accepted drafts minus
+    lambda times the extra step time (verification and j draft passes), is
+    the plan; none is plain decoding, whether the drafts are bad or the
+    batch is compute-bound.  lambda is found by Dinkelbach's iteration:
+    start from plain decoding's rate, take the best plan's rate, repeat; it
+    converges to the best achievable rate in a few rounds.
+
+    Rates count decode work only: prefill tokens in the same step cost the
+    same time whatever is drafted, so they do not lower the bar for drafts.
+    Step times for the final choice of j are lower confidence bounds of the
+    cost model (``optimism`` standard errors), so a K_step the data has not
+    covered is tried and measured rather than trusted to the prior forever.
     """
 
     name = "goodput"
+    ROUNDS = 2
 
     def __init__(self, min_gain: float = 0.02, optimism: float = 1.0) -> None:
         # Speculation must promise at least this relative gain over plain
@@ -71,80 +82,86 @@ class GoodputPolicy:
         fixed_k_step: int | None = None,
         capped: bool | None = None,
     ) -> Decision:
-        """Best plan for ``survival`` (rows non-increasing, values distinct).
+        """Best plan for ``survival`` (rows non-increasing along positions).
 
-        ``capped`` says whether any ceiling is below the table's width (the
-        caller may know it already; computed when None).
+        ``base_tokens`` is what the step schedules besides drafts (one per
+        decoding request plus prefill chunks).  ``capped`` says whether any
+        ceiling is below the table's width (computed when None).
         """
         batch, width = survival.shape
-        # Candidate plans are "every slot with survival >= theta" for each
-        # value theta in the table: prefix closed per request because
-        # survival never rises along a request's positions.  A plan's K_step
-        # is the deepest position any request reaches, read off the
-        # per-position maximum (itself non-increasing) by binary search.
-        # Slots above a request's ceiling get -1 and are cut off with the
-        # zeros after sorting (they must not count towards K_step).  A
-        # threshold
-        # selects exactly the slots counted for it (the estimator keeps
-        # survival values distinct across requests).
-        s = survival
         if capped is None:
             capped = bool(ceilings.min(initial=width) < width)
+        s = survival
         if capped:
-            s = np.where(self._positions(width) < ceilings[:, None], s, -1.0)
-        ascending = np.sort(s, axis=None)
-        values = ascending[np.searchsorted(ascending, 0.0, side="right"):][::-1]
-        n = values.size
-        tokens = np.empty(n + 1)
-        tokens[0] = 0.0
-        np.cumsum(values, out=tokens[1:])
-        tokens += batch
+            s = np.where(self._positions(width) < ceilings[:, None], s, 0.0)
+        a0, a_tok, a_pass = cost.linear_terms(batch)
+        prefill_s = a_tok * max(base_tokens - batch, 0.0)
+        t_plain = a0 + a_tok * batch  # a decode-only plain step
         if fixed_k_step is None:
-            # Positions whose best survival is >= the cut value, counted as
-            # width minus the ones below it in the (ascending) reversed maximum.
-            k_steps = np.empty(n + 1)
-            k_steps[0] = 0
-            np.subtract(width, np.searchsorted(s.max(axis=0)[::-1], values), out=k_steps[1:])
+            js = self._positions(width + 1)[0]
         else:
-            k_steps = fixed_k_step
-        seconds = cost.predict_many(batch, base_tokens + self._counts(n), k_steps,
-                                    self.optimism)
-        # Optimism is for trying more drafting than the data covers; plain
-        # decoding is the baseline and is judged at its point estimate, or a
-        # well-measured speculative plan would lose to an untested plain one.
-        seconds[0] = cost.predict_many(batch, np.array([float(base_tokens)]), 0.0)[0]
-        goodput = tokens / np.maximum(seconds, 1e-9)
-        best = int(np.argmax(goodput))
-        if best > 0 and goodput[best] < goodput[0] * (1.0 + self.min_gain):
-            best = 0
-        if best == 0:
+            js = np.array([fixed_k_step])
+        lam = batch / t_plain if t_plain > 0 else 0.0
+        for _ in range(self.ROUNDS):
+            j, tokens, n, seconds = self._best_j(s, js, lam, a0, a_tok, a_pass, batch,
+                                                 t_plain, cost, optimistic=False)
+            rate = tokens / seconds if seconds > 0 else 0.0
+            if rate <= lam * (1.0 + 1e-6):
+                break
+            lam = rate
+        j, tokens, n, seconds = self._best_j(s, js, lam, a0, a_tok, a_pass, batch, t_plain,
+                                             cost, optimistic=True)
+        plain_rate = batch / t_plain if t_plain > 0 else 0.0
+        if (fixed_k_step is None and j > 0 and seconds > 0
+                and tokens / seconds < plain_rate * (1.0 + self.min_gain)):
+            j, tokens, n, seconds = 0, float(batch), 0, t_plain
+        if n == 0 and fixed_k_step is None:
+            j = 0
+        bar = lam * a_tok
+        if n > 0:
+            k = np.count_nonzero(s[:, :j] >= bar, axis=1)
+        else:
             k = np.zeros(batch, dtype=np.int64)
-        else:
-            k = np.count_nonzero(s >= values[best - 1], axis=1)
-            if fixed_k_step is not None:
-                k = np.minimum(k, fixed_k_step)
-        k_step = int(k_steps[best]) if fixed_k_step is None else fixed_k_step
+            if fixed_k_step is None:
+                seconds, tokens = t_plain, float(batch)
         return Decision(
-            k_step=k_step,
+            k_step=int(j),
             k=k,
-            predicted_seconds=float(seconds[best]),
-            predicted_tokens=float(tokens[best]),
-            plain_seconds=float(seconds[0]),
-            plain_tokens=float(tokens[0]),
+            predicted_seconds=float(seconds + prefill_s),
+            predicted_tokens=float(tokens),
+            plain_seconds=float(t_plain + prefill_s),
+            plain_tokens=float(batch),
         )
 
-    # Shape-keyed constants, built once: the hot path allocates no index arrays.
+    def _best_j(self, s, js, lam, a0, a_tok, a_pass, batch, t_plain, cost, optimistic):
+        """(j, expected tokens, slots, decode seconds) of the best plan at ``lam``."""
+        bar = lam * a_tok
+        take = s >= bar if bar > 0 else s > 0
+        # Per position: slots taken and their expected accepted tokens;
+        # cumulative over positions gives every K_step's plan at once.
+        width = s.shape[1]
+        n_cum = np.zeros(width + 1)
+        gain_cum = np.zeros(width + 1)
+        np.cumsum(np.count_nonzero(take, axis=0), out=n_cum[1:])
+        np.cumsum((s * take).sum(axis=0), out=gain_cum[1:])
+        n_j, gain_j = n_cum[js], gain_cum[js]
+        if optimistic:
+            seconds = cost.predict_many(batch, batch + n_j, js.astype(float), self.optimism)
+            if js[0] == 0:
+                seconds[0] = t_plain  # plain decoding is judged at its point estimate
+        else:
+            seconds = a0 + a_tok * (batch + n_j) + a_pass * js
+        seconds = np.maximum(seconds, 1e-12)
+        net = gain_j - lam * (seconds - t_plain)
+        best = int(np.argmax(net))
+        return (int(js[best]), float(batch + gain_j[best]), int(n_j[best]),
+                float(seconds[best]))
+
     def _positions(self, width: int) -> np.ndarray:
         pos = self._cache.get(width)
         if pos is None:
             pos = self._cache[width] = np.arange(width)[None, :]
         return pos
-
-    def _counts(self, n: int) -> np.ndarray:
-        counts = self._cache.get(("n", n))
-        if counts is None:
-            counts = self._cache[("n", n)] = np.arange(n + 1, dtype=float)
-        return counts
 
 
 class StaticPolicy:
