@@ -326,7 +326,11 @@ def test_garbage_timings_do_not_destabilise_k(tiny_models, async_scheduling):
     run.run()
     seen = run.drafts_seen["r0"]
     late = seen[len(seen) // 3:]
-    # Mostly at the ceiling: a clipped outlier can cost a step or two of K.
-    assert sum(late) / len(late) >= CEILING - 1, seen
+    # Never knocked into fallback, back at the ceiling after each outlier
+    # (a clipped outlier can hold K at 1 for a few steps until the cost
+    # model's optimism tries the ceiling again), and at the ceiling at the end.
+    assert min(late) >= 1, seen
+    assert sum(late) / len(late) >= CEILING / 2 + 0.5, seen
+    assert seen[-4:] == [CEILING] * 4, seen
     assert sched.specplug.faults == 0
     assert sched.specplug.controller.cost.num_rejected > 0
