@@ -6,7 +6,6 @@ at ``llm.llm_engine.engine_core.engine_core.scheduler``.
 """
 
 import contextlib
-import gc
 import os
 import sys
 
@@ -78,12 +77,9 @@ def scheduler_of(llm):
 
 
 def shutdown(llm):
-    try:
-        llm.llm_engine.engine_core.shutdown()
-    except Exception:
-        pass
-    del llm
-    gc.collect()
+    from vllm_specplug.testing import shutdown_llm
+
+    shutdown_llm(llm)
 
 
 def greedy(max_tokens=48, **kw):

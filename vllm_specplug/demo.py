@@ -71,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from vllm import LLM, SamplingParams
 
+    from vllm_specplug.testing import shutdown_llm
+
     greedy = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     results: dict[str, dict[str, float]] = {}
     outputs: dict[str, dict[str, list]] = {}
@@ -97,10 +99,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[demo] {done}/{total} {name:22s} {workload:14s} "
                   f"{results[name][workload]:6.2f} tok/s  ({time.time() - t_start:.0f}s elapsed)",
                   flush=True)
-        try:
-            llm.llm_engine.engine_core.shutdown()
-        except Exception:
-            pass
+        shutdown_llm(llm)
         del llm
         gc.collect()
 

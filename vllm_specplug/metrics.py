@@ -28,7 +28,8 @@ nothing here duplicates them.  Series, all labelled ``model_name`` and
 - ``vllm:specplug_controller_faults_total``.
 
 Series are updated from counters the controller keeps anyway, at most every
-``FLUSH_INTERVAL_S`` and when the engine goes idle, not per step.
+``FLUSH_INTERVAL_S`` (``maybe_flush``), and by the scheduler when its last
+request is freed (``flush``), not per step.
 """
 
 from __future__ import annotations
@@ -119,9 +120,9 @@ class SpecPlugMetrics:
             self.predicted_s += predicted
             self.measured_s += measured
 
-    def maybe_flush(self, controller, faults: int, idle: bool) -> None:
+    def maybe_flush(self, controller, faults: int) -> None:
         now = time.monotonic()
-        if idle or now - self.last_flush >= FLUSH_INTERVAL_S:
+        if now - self.last_flush >= FLUSH_INTERVAL_S:
             self.last_flush = now
             self.flush(controller, faults)
 

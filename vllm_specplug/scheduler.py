@@ -352,7 +352,7 @@ class _AdaptiveSpecMixin:
         if sp.metrics is not None:
             if predicted is not None and measured is not None:
                 sp.metrics.record_timing(predicted, measured)
-            sp.metrics.maybe_flush(ctrl, sp.faults, idle=ctrl.num_requests() == 0)
+            sp.metrics.maybe_flush(ctrl, sp.faults)
         if sp.config.log_interval_s > 0 and time.monotonic() - sp.last_log >= sp.config.log_interval_s:
             sp.last_log = time.monotonic()
             self._specplug_log_summary()

@@ -236,6 +236,19 @@ def make_small_vocab_models(root: str | os.PathLike, n_words: int = 8) -> dict[s
     return {k: str(v) for k, v in paths.items()}
 
 
+def shutdown_llm(llm) -> None:
+    """Stop an ``LLM``'s engine core now, so the next engine can start in
+    this process (tests and the demo run several, one after another)."""
+    import gc
+
+    try:
+        llm.llm_engine.engine_core.shutdown()
+    except Exception:
+        pass
+    del llm
+    gc.collect()
+
+
 def prompt(i: int, length: int = 12) -> str:
     """A deterministic prompt of ``length`` words."""
     return " ".join(_word((i * 37 + j * 11) % VOCAB_WORDS) for j in range(length))

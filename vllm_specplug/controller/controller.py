@@ -105,7 +105,6 @@ class SpecController:
         grow("_in_fallback", bool)
         # Any probe state differing from a freshly speculating request's.
         grow("_dirty", bool)
-        grow("_req_granted", np.int64)
         self.heuristic.ensure_capacity(capacity)
 
     # -- request lifecycle -------------------------------------------------
@@ -125,7 +124,6 @@ class SpecController:
         self._last_probe_ok[row] = False
         self._in_fallback[row] = False
         self._dirty[row] = False
-        self._req_granted[row] = 0
         self.heuristic.reset(row)
 
     def finish_request(self, req_id: str) -> None:
@@ -144,10 +142,6 @@ class SpecController:
         # Freed rows are cleared in finish_request, so all rows can be counted.
         return int(np.count_nonzero(self._in_fallback))
 
-    def granted_slots(self, req_id: str) -> int | None:
-        """Draft slots granted to a live request so far."""
-        row = self._row_of.get(req_id)
-        return None if row is None else int(self._req_granted[row])
 
     def _rows(self, req_ids: list[str]) -> np.ndarray:
         # The batch is usually the same list of requests step after step:
@@ -384,4 +378,3 @@ class SpecController:
         s.request_steps += rows.size
         s.granted_slots += int(k.sum())
         s.fallback_request_steps += int(counts[0]) - self._last_n_off
-        self._req_granted[rows] += k
