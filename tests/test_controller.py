@@ -267,3 +267,14 @@ def test_goodput_policy_direct_threshold():
     d = pol.decide(survival, np.array([4, 4]), 2.0, cm)
     assert d.k[0] >= 3 and d.k[1] == 0 and d.k_step == d.k.max()
     assert d.predicted_speedup > 1.0
+
+
+def test_ceilings_hold_when_verification_looks_free():
+    # A fit can clamp the per-token cost to 0; slots above a ceiling (and
+    # ceiling-0 requests) must still get nothing.
+    cm = StepCostModel(CostPrior(intercept=1.0, per_request=0.0, per_token=0.0))
+    for _ in range(StepCostModel.SKIP_FIRST + 1):
+        cm.observe(2, 2, 0, 1.0)
+    d = GoodputPolicy(min_gain=0.0).decide(
+        np.array([[0.9, 0.8, 0.7, 0.6], [0.9, 0.8, 0.7, 0.6]]), np.array([0, 2]), 2.0, cm)
+    assert d.k[0] == 0 and d.k[1] <= 2

@@ -119,7 +119,11 @@ class GoodputPolicy:
             j = 0
         bar = lam * a_tok
         if n > 0:
-            k = np.count_nonzero(s[:, :j] >= bar, axis=1)
+            # The same slot rule as _best_j: with a zero verification cost
+            # the bar is 0 and only positive survival counts (slots above a
+            # ceiling are 0 and must never be granted).
+            take = s[:, :j] >= bar if bar > 0 else s[:, :j] > 0
+            k = np.count_nonzero(take, axis=1)
         else:
             k = np.zeros(batch, dtype=np.int64)
             if fixed_k_step is None:
