@@ -278,3 +278,29 @@ def test_ceilings_hold_when_verification_looks_free():
     d = GoodputPolicy(min_gain=0.0).decide(
         np.array([[0.9, 0.8, 0.7, 0.6], [0.9, 0.8, 0.7, 0.6]]), np.array([0, 2]), 2.0, cm)
     assert d.k[0] == 0 and d.k[1] <= 2
+
+
+def test_catch_up_cost_is_learned_from_the_excess_and_priced_into_plans():
+    # Steps cost 1 s + 0.1 s/token; a draft catch-up adds 0.01 s per token.
+    cm = StepCostModel(CostPrior(intercept=1.0, per_request=0.0, per_token=0.1,
+                                 per_catchup_token=0.001))
+    for _ in range(StepCostModel.SKIP_FIRST + 40):
+        cm.observe(2, 2, 0, 1.2)
+        cm.observe(2, 6, 2, 1.6)
+        cm.observe(2, 2, 1, 1.3)
+    for _ in range(12):
+        cm.observe(2, 2, 1, 1.3 + 0.01 * 200, catchup=200)
+    assert cm.catchup_seconds(200) == pytest.approx(2.0, rel=0.15)
+    # The catch-up steps did not distort the step model.
+    assert cm.predict(2, 2, 0) == pytest.approx(1.2, rel=0.05)
+    pol = GoodputPolicy(min_gain=0.0)
+    good = np.array([[0.9, 0.81, 0.73, 0.66], [0.9, 0.81, 0.73, 0.66]])
+    ceilings = np.array([4, 4])
+    assert pol.decide(good, ceilings, 2.0, cm).k_step > 0
+    # A catch-up of thousands of tokens is not worth one batch's good drafts.
+    d = pol.decide(good, ceilings, 2.0, cm, catchup_tokens=5000)
+    assert d.k_step == 0 and not d.k.any()
+    # A modest one is: it costs less than the skipped draft passes would have.
+    d = pol.decide(good, ceilings, 2.0, cm, catchup_tokens=20)
+    assert d.k_step > 0
+    assert d.predicted_seconds > pol.decide(good, ceilings, 2.0, cm).predicted_seconds

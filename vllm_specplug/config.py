@@ -69,6 +69,10 @@ class SpecPlugConfig:
     # Opt-in decision trace: a JSON Lines file the engine core appends to
     # (one line per planned and per verified step); null turns it off.
     trace_path: str | None = None
+    # draft_model only: at K_step=0 the draft model does no work and catches
+    # up (one prefill-like pass) before it drafts again.  Off: vLLM's path,
+    # the draft's first pass runs every step.
+    zero_cost_fallback: bool = True
 
     @classmethod
     def from_additional_config(
@@ -124,6 +128,8 @@ class SpecPlugConfig:
         if self.trace_path is not None and not (isinstance(self.trace_path, str)
                                                 and self.trace_path.strip()):
             raise bad("trace_path", "a file path (string), or null")
+        if not isinstance(self.zero_cost_fallback, bool):
+            raise bad("zero_cost_fallback", "true | false")
         if self.probe_max_interval < self.probe_interval:
             raise bad("probe_max_interval", f"an integer >= probe_interval ({self.probe_interval})")
 

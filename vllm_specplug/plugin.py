@@ -43,6 +43,9 @@ def register() -> None:
         logger.warning(
             "vllm-specplug: vLLM %s is not a tested version (tested: %s); features "
             "probed ok, enabling", version, ", ".join(compat.TESTED_VLLM))
+    from vllm_specplug.patches import install_all
+
+    _STATE["patches"] = install_all()
     logger.info(
         "vllm-specplug: enabled for vLLM %s (pid %d); select it with "
         "--scheduler-cls vllm_specplug.AdaptiveSpecScheduler", version, pid)

@@ -82,6 +82,7 @@ class SpecController:
         self._last_ids: list[str] | None = None
         self._any_dirty = False
         self._probe_check: tuple | None = None
+        self._catchup_tokens = 0
         self._alloc(self.estimator.capacity)
         self.stats = ControllerStats(k_counts=np.zeros(settings.max_k + 1, dtype=np.int64))
         self.last_decision: Decision | None = None
@@ -125,6 +126,18 @@ class SpecController:
         self._in_fallback[row] = False
         self._dirty[row] = False
         self.heuristic.reset(row)
+
+    def set_ceiling(self, req_id: str, ceiling: int) -> None:
+        """Change a live request's ceiling (0 turns its speculation off).
+
+        Used by tests to force a request into fallback and back; the next
+        plan honours it.
+        """
+        row = self._row_of.get(req_id)
+        if row is None:
+            return
+        self._ceiling[row] = max(0, min(int(ceiling), self.settings.max_k))
+        self._last_ids = None
 
     def finish_request(self, req_id: str) -> None:
         row = self._row_of.get(req_id)
@@ -215,8 +228,9 @@ class SpecController:
             self._probe_size[passed] = np.minimum(self._probe_size[passed] * 2,
                                                   self._ceiling[passed])
 
-    def observe_step(self, batch: int, tokens: int, k_step: int, seconds: float) -> None:
-        self.cost.observe(batch, tokens, k_step, seconds)
+    def observe_step(self, batch: int, tokens: int, k_step: int, seconds: float,
+                     catchup_tokens: int = 0) -> None:
+        self.cost.observe(batch, tokens, k_step, seconds, catchup_tokens)
 
     # -- deciding ----------------------------------------------------------
     def plan(
@@ -224,12 +238,17 @@ class SpecController:
         req_ids: list[str],
         base_tokens: int | None = None,
         fixed_k_step: int | None = None,
+        catchup_tokens: int = 0,
     ) -> Decision:
         """K for each of ``req_ids`` (decoding requests) in the next step.
 
         ``base_tokens`` is the number of non-draft tokens the next step is
         expected to schedule (defaults to one per request).  ``fixed_k_step``
         pins K_step for proposers that need it (and for data parallelism).
+        ``catchup_tokens``: tokens a draft model skipped (zero-cost fallback)
+        and must process before it drafts again.  A probe must be worth it
+        (see ``_hopeful_plan_pays``); a plan that speculates anyway is not
+        charged, since the catch-up is owed whenever it resumes.
         """
         batch = len(req_ids)
         if batch == 0:
@@ -250,9 +269,12 @@ class SpecController:
                 fixed_k_step,
                 capped=self._last_capped,
             )
+            self._catchup_tokens = catchup_tokens
             self._apply_probes(rows, ceilings, decision,
                                float(batch if base_tokens is None else base_tokens),
                                fixed_k_step)
+        if catchup_tokens and decision.k_step > 0:
+            decision.predicted_seconds += self.cost.catchup_seconds(catchup_tokens, len(req_ids))
         self._account(rows, decision)
         self.last_decision = decision
         return decision
@@ -276,7 +298,8 @@ class SpecController:
 
         A probe is sent only when it could pay: if these requests' drafts
         were accepted with probability ``PROBE_OPTIMISM`` per position, would
-        the policy give them slots at today's costs?  In a compute-bound
+        the policy give them slots at today's costs, including a share of the
+        draft catch-up the probe triggers (zero-cost fallback)?  In a compute-bound
         batch, or when the draft pass costs more than good drafts could
         return, the answer is no and nothing is probed.
         """
@@ -365,7 +388,8 @@ class SpecController:
         hopeful[due_idx] = (self.PROBE_OPTIMISM ** np.arange(1, width + 1))[None, :] - (
             rows[due_idx] * AcceptanceEstimator.TIE_BREAK)[:, None]
         plan = self.goodput.decide(hopeful, ceilings, base_tokens, self.cost, fixed_k_step,
-                                   capped=self._last_capped)
+                                   capped=self._last_capped,
+                                   catchup_tokens=self._catchup_tokens)
         return bool(plan.k[due_idx].any())
 
     def _account(self, rows: np.ndarray, decision: Decision) -> None:

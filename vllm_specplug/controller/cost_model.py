@@ -6,7 +6,7 @@ the proposer's work for the next step, which grows with the number of draft
 positions ``K_step`` it runs (a draft model runs ``K_step`` passes over the
 batch; n-gram lookup costs almost nothing).  We model
 
-    t = c0 + cB * B + cT * T + cK * K_step + cBK * B * K_step
+    t = c0 + cB * B + cT * T + cK * K_step + cBK * B * K_step  (+ cU * U)
 
 and fit it by exponentially forgotten ridge regression toward a prior.  The
 prior has no device constants: it is a *shape* (relative costs, e.g. "a
@@ -15,6 +15,15 @@ draft_params/target_params of a target pass"), scaled by the first step time
 actually measured.  The ridge term keeps directions that the data does not
 excite (e.g. ``K_step`` never varied yet) at the prior instead of letting
 them drift.
+
+U is the number of tokens a draft model catches up on in a step (with
+zero-cost fallback it skips K_step=0 steps and processes the skipped tokens
+in one prefill-like pass before it drafts again).  A catch-up is one more
+draft pass, so such a step is fitted as K_step + 1 passes, plus cU per
+caught-up token.  Catch-up steps are rare, so cU is not part of the joint
+fit, where one noisy catch-up step could trade its cost against the other
+coefficients; it is a running estimate from those steps' excess over the
+fitted model, and the rest of the step joins the fit as usual.
 
 Timing is noisy and can be garbage (a stalled clock, a GC pause); a sample
 that is not finite or not positive is dropped, and after warm-up a sample's
@@ -41,6 +50,7 @@ class CostPrior:
     per_token: float = 0.10
     per_draft_pass: float = 0.0
     per_draft_token: float = 0.0
+    per_catchup_token: float = 0.0
     # Pseudo-observations behind the prior: small, so data wins quickly.
     strength: float = 0.5
 
@@ -76,6 +86,8 @@ class CostPrior:
                 per_request=per_request,
                 per_draft_pass=ratio,
                 per_draft_token=ratio * per_token,
+                # A catch-up token is a prefill token for the draft model.
+                per_catchup_token=ratio * per_token,
             )
         # n-gram / suffix lookups run on the host and cost little per step.
         return cls(per_token=per_token, per_request=per_request, per_draft_pass=0.005)
@@ -109,6 +121,8 @@ class StepCostModel:
         self._scaled = False
         self.num_observations = 0
         self.num_rejected = 0
+        self._catchup_per_token = self.prior.per_catchup_token
+        self.num_catchups = 0
 
     @property
     def theta(self) -> np.ndarray:
@@ -118,8 +132,16 @@ class StepCostModel:
     def calibrated(self) -> bool:
         return self._scaled
 
-    def predict(self, batch: float, tokens: float, k_step: float) -> float:
-        return float(features(batch, tokens, k_step) @ self._theta)
+    def predict(self, batch: float, tokens: float, k_step: float, catchup: float = 0.0) -> float:
+        return (float(features(batch, tokens, k_step) @ self._theta)
+                + self.catchup_seconds(catchup, batch))
+
+    def catchup_seconds(self, tokens: float, batch: float = 1.0) -> float:
+        """Predicted seconds of a draft catch-up pass over ``tokens`` tokens."""
+        if tokens <= 0:
+            return 0.0
+        a_pass = self.linear_terms(batch)[2]
+        return a_pass + self._catchup_per_token * tokens
 
     def predict_many(
         self, batch: float, tokens: np.ndarray, k_step: np.ndarray, optimism: float = 0.0
@@ -173,7 +195,18 @@ class StepCostModel:
             self._cov = self._resid_var * inv
         return self._cov
 
-    def observe(self, batch: float, tokens: float, k_step: float, seconds: float) -> bool:
+    CATCHUP_WEIGHT = 0.3
+
+    def _observe_catchup(self, pred: float, seconds: float, tokens: float) -> None:
+        # The step's excess over the fitted step model is the catch-up's cost
+        # (clipped: a stall must not make catch-ups look prohibitive).
+        excess = min(max(seconds - pred, 0.0), 4.0 * max(pred, 0.0))
+        w = 0.5 if self.num_catchups == 0 else self.CATCHUP_WEIGHT
+        self._catchup_per_token += w * (excess / tokens - self._catchup_per_token)
+        self.num_catchups += 1
+
+    def observe(self, batch: float, tokens: float, k_step: float, seconds: float,
+                catchup: float = 0.0) -> bool:
         """Add one measured step; returns False when the sample was dropped."""
         if not (isinstance(seconds, (int, float)) and math.isfinite(seconds)) or seconds <= 0:
             self.num_rejected += 1
@@ -184,14 +217,21 @@ class StepCostModel:
             # steady state; calibrating on them skews every later decision.
             self._skipped += 1
             return False
-        x = features(batch, tokens, k_step)
+        # A catch-up is one more draft pass (its per-token part is below).
+        x = features(batch, tokens, k_step + 1 if catchup > 0 else k_step)
         if not self._scaled:
             # Express the prior in seconds using the first real measurement.
             unit = float(x @ self._theta0)
             scale = seconds / unit if unit > 0 else seconds
             self._theta0 = self._theta0 * scale
             self._theta = self._theta0.copy()
+            self._catchup_per_token *= scale
             self._scaled = True
+        if catchup > 0:
+            # Learn the catch-up's price from the step's excess, then fit the
+            # rest of the step as usual.
+            self._observe_catchup(float(x @ self._theta), seconds, catchup)
+            seconds = max(seconds - self._catchup_per_token * catchup, 0.5 * seconds)
         pred = float(x @ self._theta)
         if pred > 0:
             # Huber-style: clip the relative residual to a few times its own

@@ -64,6 +64,11 @@ class GoodputPolicy:
 
     name = "goodput"
     ROUNDS = 2
+    # A draft catch-up is paid once and buys speculation for as long as the
+    # drafts stay good; a plan is charged this many steps' share of it.  It
+    # replaces the draft passes the skipped steps did not run, so over the
+    # gap it costs less than vLLM's always-on first pass did.
+    CATCHUP_AMORTIZATION_STEPS = 8
 
     def __init__(self, min_gain: float = 0.02, optimism: float = 1.0) -> None:
         # Speculation must promise at least this relative gain over plain
@@ -72,6 +77,7 @@ class GoodputPolicy:
         # Standard errors of cost optimism for plans the data has not covered.
         self.optimism = optimism
         self._cache: dict = {}
+        self._catchup_share = 0.0
 
     def decide(
         self,
@@ -81,6 +87,7 @@ class GoodputPolicy:
         cost: StepCostModel,
         fixed_k_step: int | None = None,
         capped: bool | None = None,
+        catchup_tokens: float = 0.0,
     ) -> Decision:
         """Best plan for ``survival`` (rows non-increasing along positions).
 
@@ -95,6 +102,8 @@ class GoodputPolicy:
         if capped:
             s = np.where(self._positions(width) < ceilings[:, None], s, 0.0)
         a0, a_tok, a_pass = cost.linear_terms(batch)
+        self._catchup_share = (cost.catchup_seconds(catchup_tokens, batch)
+                               / self.CATCHUP_AMORTIZATION_STEPS if catchup_tokens > 0 else 0.0)
         prefill_s = a_tok * max(base_tokens - batch, 0.0)
         t_plain = a0 + a_tok * batch  # a decode-only plain step
         if fixed_k_step is None:
@@ -155,6 +164,8 @@ class GoodputPolicy:
                 seconds[0] = t_plain  # plain decoding is judged at its point estimate
         else:
             seconds = a0 + a_tok * (batch + n_j) + a_pass * js
+        if self._catchup_share > 0:
+            seconds = seconds + np.where(js > 0, self._catchup_share, 0.0)
         seconds = np.maximum(seconds, 1e-12)
         net = gain_j - lam * (seconds - t_plain)
         best = int(np.argmax(net))

@@ -1,0 +1,167 @@
+"""Zero-cost fallback (``patches/draft_model_skip.py``) on real vLLM, CPU.
+
+At K_step=0 the draft model must not run; when drafting resumes it must
+first repair its KV cache (catch-up), so acceptance is as high as if it had
+never stopped.  The repair is shown by a perfect draft (the target itself):
+with intact draft KV every draft is accepted, with holes in it the draft
+disagrees.  Each repair test also runs once with the catch-up switched off,
+to show the check can fail.  Greedy output is compared with plain decoding
+everywhere.
+"""
+
+import pytest
+
+from conftest import greedy, make_llm, scheduler_of, shutdown, token_ids
+from vllm_specplug.patches import draft_model_skip
+from vllm_specplug.testing import prompt
+
+CEILING = 4
+
+
+def drafter_of(llm):
+    core = llm.llm_engine.engine_core.engine_core
+    return core.model_executor.driver_worker.worker.model_runner.drafter
+
+
+def count_forwards(module):
+    calls = [0]
+    module.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+    return calls
+
+
+def acceptance(output, skip_steps=0):
+    m = output.outputs[0].spec_decode_metrics
+    drafted = sum(m.per_step_drafted[skip_steps:])
+    accepted = sum(m.per_step_accepted[skip_steps:])
+    return accepted / drafted if drafted else None
+
+
+def spec(draft):
+    return {"method": "draft_model", "model": draft, "num_speculative_tokens": CEILING}
+
+
+@pytest.fixture(scope="module")
+def plain(tiny_models):
+    llm = make_llm(tiny_models["target"])
+    prompts = [prompt(i) for i in range(4)] + [prompt(9, length=200)]
+    outs = token_ids(llm.generate(prompts, greedy(96), use_tqdm=False))
+    shutdown(llm)
+    return dict(zip(prompts, outs))
+
+
+@pytest.fixture(scope="module")
+def perfect(tiny_models):
+    """An engine whose draft is the target: every draft should be accepted."""
+    llm = make_llm(tiny_models["target"], speculative=spec(tiny_models["target"]))
+    llm.generate([prompt(0)], greedy(4), use_tqdm=False)  # the drafter's first call
+    yield llm
+    shutdown(llm)
+
+
+def test_random_draft_stops_running_in_fallback(tiny_models, plain):
+    llm = make_llm(tiny_models["target"], speculative=spec(tiny_models["draft_bad"]))
+    try:
+        drafter = drafter_of(llm)
+        calls = count_forwards(drafter.model)
+        prompts = [prompt(i) for i in range(4)]
+        outs = llm.generate(prompts, greedy(96), use_tqdm=False)
+        assert token_ids(outs) == [plain[p] for p in prompts]
+        stats = drafter.specplug_stats
+        print("random draft:", stats, "forward calls", calls[0])
+        # ~97 steps; the controller gives up after a step or two and only
+        # probes with back-off, so almost every step skips the draft.
+        assert stats.skipped_passes >= 80
+        # Every forward is a drafting step's passes or a catch-up pass.
+        assert calls[0] <= stats.draft_passes * CEILING + stats.catch_up_passes
+        before = calls[0]
+        # A request with ceiling 0 alone: the draft model never runs at all.
+        out = llm.generate([prompts[0]], greedy(48, extra_args={"specplug_max_k": 0}),
+                           use_tqdm=False)[0]
+        assert list(out.outputs[0].token_ids) == plain[prompts[0]][:48]
+        assert calls[0] == before
+    finally:
+        shutdown(llm)
+
+
+def _run_with_forced_fallback(llm, prompts, off_from=4, off_steps=24, max_tokens=96):
+    """Drive the engine step by step; requests' ceilings are 0 for a while."""
+    engine = llm.llm_engine
+    controller = scheduler_of(llm).specplug.controller
+    for i, p in enumerate(prompts):
+        engine.add_request(f"r{i}", p, greedy(max_tokens,
+                                             extra_args={"specplug_max_k": CEILING}))
+    done, step = {}, 0
+    while engine.has_unfinished_requests():
+        if step == off_from or step == off_from + off_steps:
+            cap = 0 if step == off_from else CEILING
+            for rid in list(controller._row_of):
+                controller.set_ceiling(rid, cap)
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out
+        step += 1
+    return [done[k] for k in sorted(done)]
+
+
+@pytest.mark.parametrize("catch_up", [True, False], ids=["catch-up", "no-catch-up"])
+def test_catch_up_repairs_the_draft_kv(perfect, plain, monkeypatch, catch_up):
+    drafter = drafter_of(perfect)
+    if not catch_up:
+        monkeypatch.setattr(draft_model_skip, "_catch_up", lambda *a, **k: None)
+    before = draft_model_skip.DraftSkipStats(**vars(drafter.specplug_stats))
+    prompts = [prompt(i) for i in range(4)]
+    outs = _run_with_forced_fallback(perfect, prompts)
+    assert token_ids(outs) == [plain[p] for p in prompts]
+    stats = drafter.specplug_stats
+    assert stats.skipped_passes - before.skipped_passes >= 20
+    rates = [acceptance(o) for o in outs]
+    print(f"catch_up={catch_up}: acceptance per request {rates}, "
+          f"catch-up tokens {stats.catch_up_tokens - before.catch_up_tokens}")
+    if catch_up:
+        assert stats.catch_up_tokens > before.catch_up_tokens
+        # As if the requests had never left speculation: a perfect draft.
+        assert min(rates) >= 0.97
+    else:
+        # Without the repair the draft reads holes in its KV and disagrees:
+        # the check above can fail.
+        assert min(rates) < 0.9
+
+
+@pytest.mark.parametrize("catch_up", [True, False], ids=["catch-up", "no-catch-up"])
+def test_prefix_cached_blocks_from_a_skipping_request_are_repaired(perfect, plain,
+                                                                   monkeypatch, catch_up):
+    """A request in fallback fills prefix-cache blocks without draft KV; a
+    later request with the same prompt gets them from the cache and must not
+    draft from the holes."""
+    if not catch_up:
+        monkeypatch.setattr(draft_model_skip, "_catch_up", lambda *a, **k: None)
+    long_prompt = prompt(9, length=200)
+    perfect.reset_prefix_cache()
+    off = perfect.generate([long_prompt], greedy(8, extra_args={"specplug_max_k": 0}),
+                           use_tqdm=False)[0]
+    assert list(off.outputs[0].token_ids) == plain[long_prompt][:8]
+    assert off.num_cached_tokens == 0
+    out = perfect.generate([long_prompt], greedy(96), use_tqdm=False)[0]
+    assert out.num_cached_tokens >= 128, "the second request should hit the prefix cache"
+    assert list(out.outputs[0].token_ids) == plain[long_prompt]
+    rate = acceptance(out)
+    print(f"catch_up={catch_up}: acceptance after a cached prefix {rate}")
+    if catch_up:
+        assert rate >= 0.97
+    else:
+        assert rate < 0.9
+
+
+def test_switch_off_keeps_vllms_first_pass(tiny_models, plain):
+    llm = make_llm(tiny_models["target"], speculative=spec(tiny_models["draft_bad"]),
+                   specplug={"zero_cost_fallback": False})
+    try:
+        drafter = drafter_of(llm)
+        calls = count_forwards(drafter.model)
+        prompts = [prompt(i) for i in range(2)]
+        outs = llm.generate(prompts, greedy(48), use_tqdm=False)
+        assert token_ids(outs) == [plain[p][:48] for p in prompts]
+        assert drafter.specplug_stats.skipped_passes == 0
+        assert calls[0] >= 48  # the first pass ran every step
+    finally:
+        shutdown(llm)

