@@ -60,6 +60,16 @@ def _approx_params(hf_config: Any) -> float:
     return float(layers * (4 * hidden * hidden + 3 * hidden * inter) + vocab * hidden)
 
 
+def _on_cpu() -> bool:
+    # The worker-side patch is only enabled on vLLM's CPU model runner.
+    try:
+        from vllm.platforms import current_platform
+
+        return bool(current_platform.is_cpu())
+    except Exception:
+        return False
+
+
 class AdaptiveSpecState:
     """Everything the adapter keeps per scheduler: config, controller, plan."""
 
@@ -73,6 +83,8 @@ class AdaptiveSpecState:
         additional = getattr(vllm_config, "additional_config", None) or {}
         # Validated even when inert, so a typo is never silently ignored.
         self.config = SpecPlugConfig.from_additional_config(additional, self.num_spec_tokens)
+        self.startup_config = self.config
+        self.vllm_config = vllm_config
         if spec is None or self.num_spec_tokens <= 0:
             self.reason = ("no speculative config: nothing to adapt, the scheduler "
                            "behaves exactly like vLLM's")
@@ -110,6 +122,54 @@ class AdaptiveSpecState:
         self.metrics = self._make_metrics(vllm_config)
         self.trace = self._open_trace(vllm_config)
         self._placeholders = [[-1] * k for k in range(self.num_spec_tokens + 1)]
+        # Zero-cost fallback (patches/draft_model_skip.py): the worker skips
+        # the draft model at K_step=0 and catches up before the next K_step>0.
+        # Tokens each request has scheduled since its draft last ran, so the
+        # controller can price a catch-up; the worker keeps the exact state.
+        self.zero_cost_fallback = (self.method == "draft_model" and self.config.zero_cost_fallback
+                                   and not self.k_step_pinned and _on_cpu())
+        self.draft_gap: dict[str, int] = {}
+        self.catchup: dict[int, int] = {}
+
+    def reconfigure(self, overrides: dict[str, Any], pin_k_step: bool | None = None) -> None:
+        """Rebuild the controller from the start-up config with ``overrides``.
+
+        For benchmarks that compare policies on one engine (one engine start,
+        policies interleaved).  The result is validated like the start-up
+        config and the controller starts fresh, as on a new server.
+        ``pin_k_step=True`` leaves K_step to vLLM (its batch-size table, or
+        ``num_speculative_tokens``) and has the policy pick per-request K
+        under it.  Only between runs: no request may be in flight.
+        """
+        from dataclasses import fields
+
+        if not self.enabled:
+            raise RuntimeError(f"vllm-specplug is inert here: {self.reason}")
+        if self.controller.num_requests():
+            raise RuntimeError("reconfigure() needs an idle engine: requests are in flight")
+        # Relative to the start-up config, so successive calls do not stack.
+        raw = {f.name: getattr(self.startup_config, f.name) for f in fields(SpecPlugConfig)}
+        raw.update(overrides)
+        config = SpecPlugConfig.from_dict(raw, self.num_spec_tokens)
+        vllm_config = self.vllm_config
+        self.config = config
+        self.ceiling = config.ceiling(self.num_spec_tokens)
+        if pin_k_step is not None:
+            self.k_step_pinned = pin_k_step
+            self.pin_reason = "reconfigured"
+        self.controller = SpecController(
+            config.controller_settings(self.num_spec_tokens),
+            cost_prior=self._cost_prior(vllm_config, vllm_config.speculative_config),
+        )
+        self.zero_cost_fallback = (self.method == "draft_model" and config.zero_cost_fallback
+                                   and not self.k_step_pinned and _on_cpu())
+        self.planned, self.draft_gap, self.catchup = {}, {}, {}
+        self.sched_end.clear()
+        self.predicted.clear()
+        self.last_update_end = None
+        if self.trace is not None:
+            self.trace.close()
+        self.trace = self._open_trace(vllm_config)
 
     def _cost_prior(self, vllm_config, spec) -> CostPrior:
         try:
@@ -193,11 +253,13 @@ class _AdaptiveSpecMixin:
             return
         logger.info(
             "vllm-specplug: adaptive speculation on: method=%s policy=%s ceiling=%d "
-            "K_step=%s scheduler=%s probes every %d-%d steps, metrics %s, trace %s",
+            "K_step=%s scheduler=%s probes every %d-%d steps, zero-cost fallback %s, "
+            "metrics %s, trace %s",
             sp.method, sp.config.policy, sp.ceiling,
             f"pinned ({sp.pin_reason})" if sp.k_step_pinned else "adaptive",
             "async" if sp.is_async else "sync", sp.config.probe_interval,
             sp.config.probe_max_interval,
+            "on" if sp.zero_cost_fallback else "off",
             "on" if sp.metrics is not None else "off",
             sp.config.trace_path or "off")
 
@@ -227,6 +289,7 @@ class _AdaptiveSpecMixin:
         if sp.enabled:
             sp.controller.finish_request(request.request_id)
             sp.planned.pop(request.request_id, None)
+            sp.draft_gap.pop(request.request_id, None)
             if sp.metrics is not None and sp.controller.num_requests() == 0:
                 try:
                     sp.metrics.flush(sp.controller, sp.faults)  # the engine goes idle
@@ -248,6 +311,7 @@ class _AdaptiveSpecMixin:
         if len(sp.sched_end) > 8:
             sp.sched_end.clear()  # outputs that never came back (aborted steps)
             sp.predicted.clear()
+            sp.catchup.clear()
         sp.sched_end[id(scheduler_output)] = sp.clock()
 
     def _specplug_plan(self, scheduler_output) -> None:
@@ -258,13 +322,26 @@ class _AdaptiveSpecMixin:
         spec_tokens = sum(len(v) for v in scheduler_output.scheduled_spec_decode_tokens.values())
         base_tokens = scheduler_output.total_num_scheduled_tokens - spec_tokens
         vllm_k_step = scheduler_output.num_spec_tokens_to_schedule
+        gap = sp.draft_gap
+        catchup = 0
+        if gap:
+            catchup = sum(gap.get(rid, 0) for rid in scheduler_output.num_scheduled_tokens)
         decision = sp.controller.plan(
             decoding,
             base_tokens=max(base_tokens, len(decoding)),
             fixed_k_step=vllm_k_step if sp.k_step_pinned else None,
+            catchup_tokens=catchup,
         )
         k_list = decision.k.tolist()
         k_step = min(int(decision.k_step), sp.num_spec_tokens)
+        if sp.zero_cost_fallback:
+            if k_step == 0:
+                for rid, n in scheduler_output.num_scheduled_tokens.items():
+                    gap[rid] = gap.get(rid, 0) + n
+            elif catchup:
+                for rid in scheduler_output.num_scheduled_tokens:
+                    gap.pop(rid, None)
+                sp.catchup[id(scheduler_output)] = catchup
         if not sp.k_step_pinned:
             scheduler_output.num_spec_tokens_to_schedule = k_step
         sp.planned = dict(zip(decoding, k_list))
@@ -345,7 +422,8 @@ class _AdaptiveSpecMixin:
             start = sched_end if sp.last_update_end is None else max(sched_end, sp.last_update_end)
             measured = now - start
             ctrl.observe_step(len(scheduler_output.num_scheduled_tokens), total,
-                              scheduler_output.num_spec_tokens_to_schedule, measured)
+                              scheduler_output.num_spec_tokens_to_schedule, measured,
+                              sp.catchup.pop(id(scheduler_output), 0))
         sp.last_update_end = None if total == 0 or not is_async else now
         if verified is not None and (verified or measured is not None):
             sp.trace.verify(sp.step, measured, verified)
