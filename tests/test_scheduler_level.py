@@ -228,7 +228,7 @@ def test_invariants_mixed_batch(tiny_models, async_scheduling):
     run.run()
     assert produced == max_tokens, "token accounting broken by variable drafts"
     # Good requests climb to the ceiling; bad ones fall back to (almost) nothing.
-    good = [d for i in (0, 2, 4) for d in run.drafts_seen[f"r{i}"][-8:]]
+    good = [d for i in (0, 2, 4) for d in run.drafts_seen[f"r{i}"][-6:]]
     bad = [d for i in (1, 3, 5) for d in run.drafts_seen[f"r{i}"][-30:]]
     assert sum(good) / len(good) >= CEILING - 0.5, run.drafts_seen
     assert sum(bad) / max(len(bad), 1) <= 0.5, run.drafts_seen
@@ -329,7 +329,12 @@ def test_garbage_timings_do_not_destabilise_k(tiny_models, async_scheduling):
     # Never knocked into fallback, back at the ceiling after each outlier
     # (a clipped outlier can hold K at 1 for a few steps until the cost
     # model's optimism tries the ceiling again), and at the ceiling at the end.
-    assert min(late) >= 1, seen
+    # The only K=0 steps are the controller's deliberate plain anchors
+    # (single steps), never a fallback.
+    ctrl = sched.specplug.controller
+    anchors = ctrl.stats.plain_anchors
+    assert late.count(0) <= ctrl.PLAIN_ANCHOR_STEPS * anchors, (seen, anchors)
+    assert all(a or b or c for a, b, c in zip(late, late[1:], late[2:])), seen
     assert sum(late) / len(late) >= CEILING / 2 + 0.5, seen
     assert seen[-4:] == [CEILING] * 4, seen
     assert sched.specplug.faults == 0

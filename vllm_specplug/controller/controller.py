@@ -45,6 +45,7 @@ class ControllerStats:
     probes_sent: int = 0
     probes_succeeded: int = 0
     recoveries: int = 0
+    plain_anchors: int = 0
     drafted: int = 0
     accepted: int = 0
     # k_counts[k]: request-steps that were granted k drafts.
@@ -83,6 +84,9 @@ class SpecController:
         self._any_dirty = False
         self._probe_check: tuple | None = None
         self._catchup_tokens = 0
+        self._since_plain = 0
+        self._anchor_left = 0
+        self._anchor_interval = self.PLAIN_ANCHOR_FIRST
         self._alloc(self.estimator.capacity)
         self.stats = ControllerStats(k_counts=np.zeros(settings.max_k + 1, dtype=np.int64))
         self.last_decision: Decision | None = None
@@ -273,6 +277,8 @@ class SpecController:
             self._apply_probes(rows, ceilings, decision,
                                float(batch if base_tokens is None else base_tokens),
                                fixed_k_step)
+            if fixed_k_step is None:
+                decision = self._maybe_plain_anchor(decision)
         if catchup_tokens and decision.k_step > 0:
             decision.predicted_seconds += self.cost.catchup_seconds(catchup_tokens, len(req_ids))
         self._account(rows, decision)
@@ -356,6 +362,47 @@ class SpecController:
         self._last_probe_ok[sub] = last_ok
         self._dirty[sub] = fallback | probing | last_ok
         self._any_dirty = bool(self._dirty.any())
+
+    # A plain step (K_step=0) at least this often while speculating: the
+    # first after PLAIN_ANCHOR_FIRST steps, then doubling up to _MAX.
+    PLAIN_ANCHOR_FIRST = 8
+    PLAIN_ANCHOR_MAX = 64
+    # Two plans: the first step after a speculative one still verifies its
+    # drafts; the second is a pure plain step (one token per request, no
+    # draft pass), the point the fit needs.
+    PLAIN_ANCHOR_STEPS = 2
+
+    def _maybe_plain_anchor(self, decision: Decision) -> Decision:
+        """Now and then plan a plain step among speculative ones.
+
+        Speculation is judged against plain decoding's step time, which the
+        cost model can only extrapolate while every step speculates: steps
+        that verify k drafts and run k draft passes vary the two together,
+        so the fit cannot tell the step's fixed cost from its per-token cost
+        and may put plain decoding far from where it is (on a CPU whose
+        forward pass is compute-bound from one token on, it made plain look
+        40% slower than measured and kept a losing K).  One plain step in up
+        to ``PLAIN_ANCHOR_MAX`` (two plans, see ``PLAIN_ANCHOR_STEPS``)
+        measures it, at the price of those steps' speculation gain.
+        """
+        if decision.k_step == 0:
+            self._since_plain = 0
+            self._anchor_left = 0
+            return decision
+        if self._anchor_left == 0:
+            self._since_plain += 1
+            if self._since_plain < self._anchor_interval:
+                return decision
+            self._since_plain = 0
+            self._anchor_interval = min(self._anchor_interval * 2, self.PLAIN_ANCHOR_MAX)
+            self.stats.plain_anchors += 1
+            self._anchor_left = self.PLAIN_ANCHOR_STEPS
+        self._anchor_left -= 1
+        return Decision(k_step=0, k=np.zeros_like(decision.k),
+                        predicted_seconds=decision.plain_seconds,
+                        predicted_tokens=decision.plain_tokens,
+                        plain_seconds=decision.plain_seconds,
+                        plain_tokens=decision.plain_tokens)
 
     # Per-position acceptance a probe is hoping for.
     PROBE_OPTIMISM = 0.9

@@ -33,7 +33,9 @@ outlier cannot swing K.
 
 from __future__ import annotations
 
+import collections
 import math
+import statistics
 from dataclasses import dataclass
 
 import numpy as np
@@ -108,6 +110,7 @@ class StepCostModel:
         self.prior = prior or CostPrior()
         self.forgetting = forgetting
         self._rel_scale = 0.5
+        self._rel_hist: collections.deque = collections.deque(maxlen=32)
         self._resid_var = 0.0
         self._cov: np.ndarray | None = None
         self._reduced_cache: dict[float, tuple] = {}
@@ -239,11 +242,15 @@ class StepCostModel:
             # by at most a little.
             rel = seconds / pred - 1.0
             bound = 3.0 * max(self._rel_scale, 0.05)
+            # The band is the median relative error of recent steps: robust
+            # to the outliers it clips (an average of clipped errors let a
+            # run of outliers widen the band until they passed unclipped).
+            self._rel_hist.append(abs(rel))
+            self._rel_scale = statistics.median(self._rel_hist)
             if abs(rel) > bound:
                 self.num_rejected += 1
                 rel = max(-bound, min(rel, bound))
                 seconds = pred * (1.0 + rel)
-            self._rel_scale = 0.95 * self._rel_scale + 0.05 * abs(rel)
         if self.num_observations == 0:
             # Before any residual is seen, assume a tenth of a step.
             self._resid_var = (0.1 * seconds) ** 2
