@@ -112,6 +112,15 @@ class SpecPlugMetrics:
                      "predicted_s", "measured_s", "faults"):
             self.series[name].labels(**self.labels)
 
+    def controller_replaced(self, controller) -> None:
+        """Another controller took over (``reconfigure``): count on from its
+        counters instead of seeing negative (or repeated) increments."""
+        stats = controller.stats
+        self._sent_k = stats.k_counts.copy()
+        self._sent["probes"] = stats.probes_sent
+        self._sent["probes_ok"] = stats.probes_succeeded
+        self._sent["recoveries"] = stats.recoveries
+
     def record_step(self, k_step: int) -> None:
         self.k_step_counts[min(max(k_step, 0), self.max_k)] += 1
 

@@ -157,10 +157,14 @@ class AdaptiveSpecState:
         if pin_k_step is not None:
             self.k_step_pinned = pin_k_step
             self.pin_reason = "reconfigured"
+        if self.metrics is not None:
+            self.metrics.flush(self.controller, self.faults)
         self.controller = SpecController(
             config.controller_settings(self.num_spec_tokens),
             cost_prior=self._cost_prior(vllm_config, vllm_config.speculative_config),
         )
+        if self.metrics is not None:
+            self.metrics.controller_replaced(self.controller)
         self.zero_cost_fallback = (self.method == "draft_model" and config.zero_cost_fallback
                                    and not self.k_step_pinned and _on_cpu())
         self.planned, self.draft_gap, self.catchup = {}, {}, {}
