@@ -1,0 +1,88 @@
+"""The benchmark command, as a smoke test on tiny models (speed is not
+checked here: that is what the benchmark itself is for)."""
+
+import json
+
+import pytest
+
+from vllm_specplug.bench import report
+from vllm_specplug.bench.runner import RunResult
+
+
+def run(setup, workload, c, policy, tok_s, rep=0):
+    return RunResult(setup=setup, workload=workload, concurrency=c, policy=policy, rep=rep,
+                     tok_s=tok_s, wall_s=1.0, output_tokens=10, tpot_mean_s=0.1,
+                     tpot_p90_s=0.2, accepted_len=1.0, drafted_per_step=0.0,
+                     fallback_frac=1.0, engine_steps=10)
+
+
+def test_report_ratios_and_targets():
+    runs = [run("s", "hard", 1, "plain", 10), run("s", "hard", 1, "plain", 12),
+            run("s", "hard", 1, "static-K2", 8), run("s", "hard", 1, "static-K4", 6),
+            run("s", "hard", 1, "goodput", 10.5),
+            run("s", "mixed", 1, "plain", 10), run("s", "mixed", 1, "static-K2", 12),
+            run("s", "mixed", 1, "vllm-table", 11), run("s", "mixed", 1, "goodput", 13.5),
+            run("s", "mixed", 4, "plain", 20), run("s", "mixed", 4, "static-K2", 20),
+            run("s", "mixed", 4, "goodput", 18)]
+    res = report.summarise(runs, {"setups": {"s": "S"}}, [])
+    cells = {(c["workload"], c["concurrency"], c["policy"]): c for c in res["cells"]}
+    hard = cells[("hard", 1, "goodput")]
+    assert hard["x_plain"] == pytest.approx(10.5 / 11)  # median of the plain runs
+    assert res["best_static"]["s/hard/1"] == "static-K2"
+    assert hard["x_best_fixed"] == pytest.approx(10.5 / 11)
+    assert cells[("mixed", 1, "goodput")]["x_best_static"] == pytest.approx(13.5 / 12)
+    by_target = {(t["target"], t["workload"], t["concurrency"]): t for t in res["targets"]}
+    assert by_target[(">= 0.95 x max(plain, best static K)", "hard", 1)]["ok"]
+    assert not by_target[(">= 0.95 x max(plain, best static K)", "mixed", 4)]["ok"]
+    beats = [t for t in res["targets"] if t["target"].startswith("mixed: beats")][0]
+    assert beats["value"] == pytest.approx(13.5 / 12, abs=1e-3) and beats["ok"]
+    never = [t for t in res["targets"] if t["target"].startswith("mixed: never")][0]
+    assert never["value"] == pytest.approx(0.9) and not never["ok"]
+    md = report.markdown(res)
+    assert "MISSED" in md and "| hard | 1 |" in md
+
+
+@pytest.fixture(scope="module")
+def bench_out(tmp_path_factory):
+    from vllm_specplug.bench.__main__ import main
+
+    out = tmp_path_factory.mktemp("bench")
+    rc = main(["--setups", "tiny", "--workloads", "easy,hard", "--concurrency", "1",
+               "--repeats", "1", "--requests", "2", "--max-tokens", "16",
+               "--policies", "plain,static,goodput", "--out", str(out),
+               "--tiny-root", str(tmp_path_factory.mktemp("tiny"))])
+    return rc, out
+
+
+def test_bench_runs_end_to_end_and_checks_outputs(bench_out):
+    rc, out = bench_out
+    assert rc == 0
+    results = json.loads((out / "results.json").read_text())
+    policies = {c["policy"] for c in results["cells"]}
+    assert policies == {"plain", "k0", "static-K1", "static-K2", "static-K4", "goodput"}
+    assert not results["mismatches"]
+    assert all(c["tok_s"] > 0 for c in results["cells"])
+    assert (out / "speedup-tiny.png").stat().st_size > 0
+    assert "goodput / max(plain, best static)" in (out / "results.md").read_text()
+
+
+def test_bench_reports_a_mismatch_loudly(tmp_path, monkeypatch, bench_out):
+    from vllm_specplug.bench import __main__ as bench_main
+    from vllm_specplug.bench import runner
+
+    real = runner.run_cell
+
+    def corrupted(llm, prompts, c, speculative):
+        r = real(llm, prompts, c, speculative)
+        if speculative:
+            r["outputs"][0] = r["outputs"][0][:-1] + [0]
+        return r
+
+    monkeypatch.setattr(bench_main, "run_cell", corrupted)
+    rc = bench_main.main(["--setups", "tiny", "--workloads", "hard", "--concurrency", "1",
+                          "--repeats", "1", "--requests", "1", "--max-tokens", "8",
+                          "--policies", "plain,goodput", "--out", str(tmp_path),
+                          "--tiny-root", str(tmp_path / "tiny")])
+    assert rc == 1
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert {m["policy"] for m in results["mismatches"]} == {"k0", "goodput"}

@@ -1,0 +1,1 @@
+"""Benchmark suite: `python -m vllm_specplug.bench` (see benchmarks/README.md)."""

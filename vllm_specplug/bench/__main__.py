@@ -1,0 +1,240 @@
+"""Benchmark: plain vs static K vs vLLM's batch-size table vs adaptive K.
+
+    python -m vllm_specplug.bench --quick          # ~10 min: Qwen pair, easy + hard, c=1
+    python -m vllm_specplug.bench                  # the full grid (says how long up front)
+    python -m vllm_specplug.bench --setups smollm-ngram --workloads mixed --concurrency 1,4
+
+Every speculative policy's greedy output is compared with plain decoding;
+any mismatch is reported loudly and makes the exit status 1.  Writes
+``results.json``, ``results.md`` and PNG plots to ``--out``.  See
+benchmarks/README.md for the schema and the recorded results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+from vllm_specplug.bench import report
+from vllm_specplug.bench.runner import (Progress, RunResult, configure_policy, env_defaults,
+                                        run_cell, start_engine, stop_engine)
+from vllm_specplug.bench.setups import POLICIES, SETUPS, load_prompts, policy_names
+
+QUICK = dict(setups=["qwen"], workloads=["code_completion", "prose"], concurrency=[1],
+             policies=["plain", "static", "goodput", "goodput-no-zcf"], repeats=2,
+             requests=2, max_tokens=32, static_ks=(2, 4))
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="python -m vllm_specplug.bench",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true",
+                   help="Qwen pair, code completion + prose, concurrency 1 (~10 min)")
+    p.add_argument("--setups", default="qwen,smollm-ngram",
+                   help=f"comma-separated: {', '.join(SETUPS)}")
+    p.add_argument("--workloads", default=None,
+                   help="comma-separated workload names (prompt files in benchmarks/prompts)")
+    p.add_argument("--prompts", default=None,
+                   help="your own JSON-lines prompt file (replaces --workloads)")
+    p.add_argument("--concurrency", default="1,2,4,8", help="comma-separated client counts")
+    p.add_argument("--policies", default="plain,static,vllm-table,heuristic,goodput,goodput-no-zcf",
+                   help=f"comma-separated: {', '.join(POLICIES)} (static expands to each K)")
+    p.add_argument("--repeats", type=int, default=2, help="interleaved repetitions per cell")
+    p.add_argument("--requests", type=int, default=None,
+                   help="requests per run (default: every prompt of the workload)")
+    p.add_argument("--max-tokens", type=int, default=None, help="override max tokens per request")
+    p.add_argument("--out", default="bench-results", help="output folder")
+    p.add_argument("--tiny-root", default="/tmp/vllm-specplug-bench-tiny",
+                   help="where the tiny smoke-test models are made")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.setups = ",".join(QUICK["setups"])
+        args.workloads = ",".join(QUICK["workloads"])
+        args.concurrency = ",".join(map(str, QUICK["concurrency"]))
+        args.policies = ",".join(QUICK["policies"])
+        args.repeats = QUICK["repeats"]
+        args.requests = args.requests or QUICK["requests"]
+        args.max_tokens = args.max_tokens or QUICK["max_tokens"]
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    env_defaults()
+    setups = [SETUPS[s] for s in args.setups.split(",") if s]
+    concurrency = [int(c) for c in args.concurrency.split(",") if c]
+    wanted = [p for p in args.policies.split(",") if p]
+    unknown = [p for p in wanted if p not in POLICIES]
+    if unknown:
+        raise SystemExit(f"unknown policies {unknown}; known: {sorted(POLICIES)}")
+
+    plan = []  # (setup, workload, prompts, policies)
+    for setup in setups:
+        if args.prompts:
+            names = [("custom", args.prompts)]
+        else:
+            names = [(w, None) for w in (args.workloads.split(",") if args.workloads
+                                           else setup.workloads)]
+        policies = policy_names(setup, wanted)
+        if args.quick:
+            policies = [p for p in policies if not p.startswith("static-K")
+                        or int(p[len("static-K"):]) in QUICK["static_ks"]]
+        for workload, path in names:
+            prompts = load_prompts(setup, workload, path)
+            if args.max_tokens:
+                prompts = [(p, args.max_tokens) for p, _ in prompts]
+            if args.requests:
+                prompts = prompts[: args.requests]
+            plan.append((setup, workload, prompts, policies))
+
+    # Work in "nominal seconds": output tokens / the setup's nominal rate.
+    def units(setup, prompts):
+        return sum(m for _, m in prompts) / setup.nominal_tok_s
+
+    # The plain engine runs before and after the speculative one (once,
+    # after it, in quick mode).
+    plain_runs = 1 if args.quick else 2
+    total = 0.0
+    for setup, workload, prompts, policies in plan:
+        n_spec = len([p for p in policies if p != "plain"])
+        n_plain = plain_runs if "plain" in policies else 0
+        total += units(setup, prompts) * len(concurrency) * (n_spec * args.repeats + n_plain)
+    n_runs = sum(len(concurrency) * (len([p for p in pol if p != "plain"]) * args.repeats
+                                     + (plain_runs if "plain" in pol else 0))
+                 for _, _, _, pol in plan)
+    print(f"[bench] {n_runs} runs over {len(plan)} (setup, workload) pairs x {len(concurrency)} "
+          f"load levels; rough estimate {total / 60:.0f} min plus ~1 min per engine start "
+          f"({2 * len(setups) + (len(setups) if 'plain' in wanted else 0)} starts). "
+          "Progress and time left follow on stderr.", flush=True)
+    progress = Progress(total, "bench")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    runs: list[RunResult] = []
+    plain_outputs: dict[tuple, list] = {}
+    mismatches: list[dict] = []
+    traces: dict[str, str] = {}
+    spec_outputs: list[tuple] = []  # checked at the end if plain ran after them
+
+    for setup in setups:
+        items = [x for x in plan if x[0] is setup]
+        max_c = max(concurrency)
+        policies_all = items[0][3] if items else []
+        spec_policies = [p for p in policies_all if p != "plain"]
+
+        def plain_pass(rep):
+            llm = start_engine(setup, False, max_c, args.tiny_root)
+            try:
+                for _, workload, prompts, _ in items:
+                    for c in concurrency:
+                        r = run_cell(llm, prompts, c, speculative=False)
+                        runs.append(_result(setup, workload, c, "plain", rep, r))
+                        plain_outputs.setdefault((setup.name, workload), r["outputs"])
+                        if r["outputs"] != plain_outputs[(setup.name, workload)]:
+                            mismatches.append(dict(setup=setup.name, workload=workload,
+                                                   concurrency=c, policy="plain", rep=rep,
+                                                   note="plain differs from its own first run"))
+                        progress.advance(units(setup, prompts),
+                                         f"{setup.name} {workload} c={c} plain "
+                                         f"{r['tok_s']:.2f} tok/s")
+            finally:
+                stop_engine(llm)
+
+        if "plain" in policies_all and plain_runs == 2:
+            plain_pass(0)
+        if spec_policies:
+            llm = start_engine(setup, True, max_c, args.tiny_root)
+            try:
+                for _, workload, prompts, _ in items:
+                    for c in concurrency:
+                        for rep in range(args.repeats):
+                            for policy in spec_policies:
+                                trace = None
+                                if (policy == "goodput" and workload == "mixed" and rep == 0
+                                        and c == max_c):
+                                    trace = str(out / f"trace-{setup.name}-mixed-c{c}.jsonl")
+                                    Path(trace).unlink(missing_ok=True)
+                                    traces[setup.name] = trace
+                                configure_policy(llm, setup, policy, trace, workload)
+                                r = run_cell(llm, prompts, c, speculative=True)
+                                if trace:  # closes it
+                                    configure_policy(llm, setup, policy, None, workload)
+                                runs.append(_result(setup, workload, c, policy, rep, r))
+                                spec_outputs.append((setup.name, workload, c, policy, rep,
+                                                     r["outputs"]))
+                                ref = plain_outputs.get((setup.name, workload))
+                                if ref is not None and r["outputs"] != ref:
+                                    bad = [i for i, (a, b) in enumerate(zip(r["outputs"], ref))
+                                           if a != b]
+                                    mismatches.append(dict(setup=setup.name, workload=workload,
+                                                           concurrency=c, policy=policy, rep=rep,
+                                                           requests=bad))
+                                    print(f"[bench] MISMATCH: {setup.name} {workload} c={c} "
+                                          f"{policy}: greedy output differs from plain decoding "
+                                          f"in requests {bad}", file=sys.stderr, flush=True)
+                                progress.advance(units(setup, prompts),
+                                                 f"{setup.name} {workload} c={c} {policy} "
+                                                 f"rep {rep + 1}: {r['tok_s']:.2f} tok/s")
+            finally:
+                stop_engine(llm)
+        if "plain" in policies_all:
+            plain_pass(1)
+
+    # Runs that finished before their plain reference existed (quick mode).
+    checked = {(m["setup"], m["workload"], m["concurrency"], m["policy"], m["rep"])
+               for m in mismatches}
+    for s_name, workload, c, policy, rep, outs in spec_outputs:
+        ref = plain_outputs.get((s_name, workload))
+        if ref is not None and outs != ref and (s_name, workload, c, policy, rep) not in checked:
+            bad = [i for i, (a, b) in enumerate(zip(outs, ref)) if a != b]
+            mismatches.append(dict(setup=s_name, workload=workload, concurrency=c,
+                                   policy=policy, rep=rep, requests=bad))
+            print(f"[bench] MISMATCH: {s_name} {workload} c={c} {policy}: greedy output "
+                  f"differs from plain decoding in requests {bad}", file=sys.stderr, flush=True)
+    meta = dict(
+        command="python -m vllm_specplug.bench " + " ".join(argv if argv is not None
+                                                             else sys.argv[1:]),
+        date=time.strftime("%Y-%m-%d %H:%M:%S"),
+        wall_minutes=round((time.time() - started) / 60, 1),
+        machine=f"{platform.machine()}, {_cpus()} CPUs, {platform.platform()}",
+        vllm=_vllm_version(),
+        setups={s.name: s.title for s in setups},
+        concurrency=concurrency,
+        repeats=args.repeats,
+    )
+    results = report.summarise(runs, meta, mismatches)
+    report.write(results, out, traces)
+    print(report.markdown(results))
+    if mismatches:
+        print(f"[bench] {len(mismatches)} MISMATCH(ES) against plain decoding: see "
+              f"{out / 'results.json'}", file=sys.stderr)
+        return 1
+    print(f"[bench] greedy outputs of every policy equal plain decoding. Results in {out}/")
+    return 0
+
+
+def _result(setup, workload, c, policy, rep, r) -> RunResult:
+    return RunResult(setup=setup.name, workload=workload, concurrency=c, policy=policy, rep=rep,
+                     **{k: r[k] for k in ("tok_s", "wall_s", "output_tokens", "tpot_mean_s",
+                                          "tpot_p90_s", "accepted_len", "drafted_per_step",
+                                          "fallback_frac", "engine_steps")})
+
+
+def _cpus() -> int:
+    import os
+
+    return os.cpu_count() or 0
+
+
+def _vllm_version() -> str:
+    from vllm_specplug import compat
+
+    return compat.vllm_version()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
