@@ -213,7 +213,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[bench] {len(mismatches)} MISMATCH(ES) against plain decoding: see "
               f"{out / 'results.json'}", file=sys.stderr)
         return 1
-    print(f"[bench] greedy outputs of every policy equal plain decoding. Results in {out}/")
+    if plain_outputs:
+        print(f"[bench] greedy outputs of every policy equal plain decoding. Results in {out}/")
+    else:
+        print(f"[bench] no plain-engine run: outputs were not compared. Results in {out}/")
     return 0
 
 

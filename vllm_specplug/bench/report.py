@@ -159,7 +159,10 @@ def markdown(results: dict) -> str:
         where = f"{t['setup']} {t['workload']}" + (
             f" c={t['concurrency']}" if t["concurrency"] is not None else "")
         lines.append(f"- MISSED: {t['target']}: {where}: {t['value']} (needed {t['needed']})")
-    if results["mismatches"]:
+    if not any(c["policy"] == "plain" for c in results["cells"]):
+        lines.append("\nNo plain-engine run in this benchmark: outputs were not compared with "
+                     "plain decoding.")
+    elif results["mismatches"]:
         lines.append(f"\n**{len(results['mismatches'])} greedy-output mismatches against plain "
                      "decoding** (see results.json).")
     else:
