@@ -118,7 +118,18 @@ def main(argv: list[str] | None = None) -> int:
     plain_outputs: dict[tuple, list] = {}
     mismatches: list[dict] = []
     traces: dict[str, str] = {}
-    spec_outputs: list[tuple] = []  # checked at the end if plain ran after them
+    unchecked: list[tuple] = []  # speculative outputs that ran before their plain reference
+
+    def check_outputs(key, outs) -> None:
+        s_name, workload, c, policy, rep = key
+        ref = plain_outputs.get((s_name, workload))
+        if ref is None or outs == ref:
+            return
+        bad = [i for i, (a, b) in enumerate(zip(outs, ref)) if a != b]
+        mismatches.append(dict(setup=s_name, workload=workload, concurrency=c,
+                               policy=policy, rep=rep, requests=bad))
+        print(f"[bench] MISMATCH: {s_name} {workload} c={c} {policy}: greedy output "
+              f"differs from plain decoding in requests {bad}", file=sys.stderr, flush=True)
 
     for setup in setups:
         items = [x for x in plan if x[0] is setup]
@@ -164,18 +175,11 @@ def main(argv: list[str] | None = None) -> int:
                                 if trace:  # closes it
                                     configure_policy(llm, setup, policy, None, workload)
                                 runs.append(_result(setup, workload, c, policy, rep, r))
-                                spec_outputs.append((setup.name, workload, c, policy, rep,
-                                                     r["outputs"]))
-                                ref = plain_outputs.get((setup.name, workload))
-                                if ref is not None and r["outputs"] != ref:
-                                    bad = [i for i, (a, b) in enumerate(zip(r["outputs"], ref))
-                                           if a != b]
-                                    mismatches.append(dict(setup=setup.name, workload=workload,
-                                                           concurrency=c, policy=policy, rep=rep,
-                                                           requests=bad))
-                                    print(f"[bench] MISMATCH: {setup.name} {workload} c={c} "
-                                          f"{policy}: greedy output differs from plain decoding "
-                                          f"in requests {bad}", file=sys.stderr, flush=True)
+                                key = (setup.name, workload, c, policy, rep)
+                                if (setup.name, workload) in plain_outputs:
+                                    check_outputs(key, r["outputs"])
+                                else:  # plain runs after the speculative engine
+                                    unchecked.append((key, r["outputs"]))
                                 progress.advance(units(setup, prompts),
                                                  f"{setup.name} {workload} c={c} {policy} "
                                                  f"rep {rep + 1}: {r['tok_s']:.2f} tok/s")
@@ -184,17 +188,8 @@ def main(argv: list[str] | None = None) -> int:
         if "plain" in policies_all:
             plain_pass(1)
 
-    # Runs that finished before their plain reference existed (quick mode).
-    checked = {(m["setup"], m["workload"], m["concurrency"], m["policy"], m["rep"])
-               for m in mismatches}
-    for s_name, workload, c, policy, rep, outs in spec_outputs:
-        ref = plain_outputs.get((s_name, workload))
-        if ref is not None and outs != ref and (s_name, workload, c, policy, rep) not in checked:
-            bad = [i for i, (a, b) in enumerate(zip(outs, ref)) if a != b]
-            mismatches.append(dict(setup=s_name, workload=workload, concurrency=c,
-                                   policy=policy, rep=rep, requests=bad))
-            print(f"[bench] MISMATCH: {s_name} {workload} c={c} {policy}: greedy output "
-                  f"differs from plain decoding in requests {bad}", file=sys.stderr, flush=True)
+    for key, outs in unchecked:
+        check_outputs(key, outs)
     meta = dict(
         command="python -m vllm_specplug.bench " + " ".join(argv if argv is not None
                                                              else sys.argv[1:]),
