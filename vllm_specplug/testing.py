@@ -258,3 +258,21 @@ def repetitive_prompt(i: int, period: int = 4, repeats: int = 6) -> str:
     """A prompt that repeats a short phrase: n-gram lookup drafts well on it."""
     phrase = [_word((i * 13 + j * 7) % VOCAB_WORDS) for j in range(period)]
     return " ".join(phrase * repeats)
+
+
+def worker_draft_stats(worker) -> dict:
+    """Run on every worker through ``LLM.collective_rpc``: the zero-cost
+    fallback's state and counters on that rank (``None`` before the first
+    drafting step, ``False`` when switched off)."""
+    from dataclasses import asdict
+
+    import torch.distributed as dist
+
+    drafter = getattr(worker.model_runner, "drafter", None)
+    state = drafter.__dict__.get("_specplug_skip") if drafter is not None else None
+    stats = drafter.__dict__.get("specplug_stats") if drafter is not None else None
+    return {
+        "rank": dist.get_rank() if dist.is_initialized() else 0,
+        "zero_cost_fallback": None if state is None else bool(state),
+        "stats": asdict(stats) if stats is not None else None,
+    }
