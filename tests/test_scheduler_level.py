@@ -23,7 +23,8 @@ from conftest import CEILING
 TOKEN = 7  # every synthetic sample; the tiny vocabulary has it
 
 
-def build_scheduler(model, async_scheduling, specplug=None, method="draft_model"):
+def build_scheduler(model, async_scheduling, specplug=None, method="draft_model",
+                    data_parallel_size=1):
     from vllm.engine.arg_utils import EngineArgs
     from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig,
                                             KVCacheGroupSpec)
@@ -53,6 +54,9 @@ def build_scheduler(model, async_scheduling, specplug=None, method="draft_model"
     # CPU turns async scheduling off; the scheduler itself runs anywhere.
     vllm_config.scheduler_config.async_scheduling = async_scheduling
     vllm_config.cache_config.num_gpu_blocks = 256
+    # What an engine core of a lockstep (MoE) DP group sees; dense DP ranks
+    # are told 1 by vLLM (test_scaling_server.py).
+    vllm_config.parallel_config.data_parallel_size = data_parallel_size
     import torch
 
     kv_cache_config = KVCacheConfig(
@@ -264,6 +268,36 @@ def test_static_policy_pins_k(tiny_models, async_scheduling):
     run.run()
     seen = {d for v in run.drafts_seen.values() for d in v[1:]}
     assert seen <= {0, 2} and 2 in seen
+
+
+def test_lockstep_data_parallel_pins_k_step_and_adapts_per_request(tiny_models,
+                                                                    async_scheduling):
+    """DP ranks that step in lockstep run collectives in every draft pass: all
+    must run the same K_step (vLLM's num_speculative_tokens), every step, or
+    they hang.  Per-request k still adapts under it."""
+    sched = build_scheduler(tiny_models["target"], async_scheduling, data_parallel_size=2)
+    sp = sched.specplug
+    assert sp.enabled and sp.k_step_pinned and "data_parallel_size" in sp.pin_reason
+    assert not sp.zero_cost_fallback
+    k_steps = []
+    orig = sched.schedule
+
+    def recording():
+        so = orig()
+        if so.total_num_scheduled_tokens:
+            k_steps.append(so.num_spec_tokens_to_schedule)
+        return so
+
+    sched.schedule = recording
+    for i in range(6):
+        sched.add_request(make_request(f"r{i}", 60))
+    run = SyntheticRun(sched, {f"r{i}": always if i < 3 else never for i in range(6)})
+    run.run()
+    assert set(k_steps) == {CEILING}, "K_step moved under lockstep DP"
+    good = [d for i in range(3) for d in run.drafts_seen[f"r{i}"][-6:]]
+    bad = [d for i in range(3, 6) for d in run.drafts_seen[f"r{i}"][-30:]]
+    assert sum(good) / len(good) >= CEILING - 0.5, run.drafts_seen
+    assert sum(bad) / len(bad) <= 0.5, run.drafts_seen
 
 
 def test_fallback_and_recovery_through_probes(tiny_models, async_scheduling):

@@ -31,7 +31,9 @@ def free_port() -> int:
 
 
 class Server:
-    def __init__(self, config: Path, overrides: dict, tmp: Path, name: str) -> None:
+    def __init__(self, config: Path, overrides: dict, tmp: Path, name: str,
+                 env: dict | None = None) -> None:
+        self.extra_env = env or {}
         cfg = yaml.safe_load(config.read_text())
         for key, value in overrides.items():
             if isinstance(value, dict) and isinstance(cfg.get(key), dict):
@@ -53,6 +55,7 @@ class Server:
         env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # a real server: engine in its own process
         env.pop("PROMETHEUS_MULTIPROC_DIR", None)
         env["VLLM_CPU_KVCACHE_SPACE"] = "1"
+        env.update(self.extra_env)
         self.log = open(self.log_path, "w")
         exe = Path(sys.executable).with_name("vllm-specplug")
         self.proc = subprocess.Popen([str(exe), "serve", "--config", str(self.config_path)],

@@ -70,6 +70,18 @@ def _on_cpu() -> bool:
         return False
 
 
+def dp_index(parallel_config) -> int:
+    """This engine's data-parallel rank, for metric labels and file names.
+
+    An independent (dense-model) DP engine is told ``data_parallel_rank=0``;
+    ``data_parallel_index`` keeps its real rank (vLLM 0.32)."""
+    for name in ("data_parallel_index", "data_parallel_rank"):
+        value = getattr(parallel_config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return 0
+
+
 class AdaptiveSpecState:
     """Everything the adapter keeps per scheduler: config, controller, plan."""
 
@@ -96,9 +108,15 @@ class AdaptiveSpecState:
             self.reason = f"vLLM lacks {', '.join(missing)}"
             return
         self.ceiling = self.config.ceiling(self.num_spec_tokens)
+        # vLLM runs the DP ranks of a dense model as independent engines and
+        # tells each engine data_parallel_size=1; only ranks that step in
+        # lockstep (MoE, expert parallel) still see the real size.  Those run
+        # collectives in every forward pass, the draft's included, so every
+        # rank must run the same number of draft passes: K_step stays fixed
+        # and only per-request k adapts.
         dp = getattr(vllm_config.parallel_config, "data_parallel_size", 1) or 1
         self.k_step_pinned = self.method not in ADAPTIVE_K_STEP_METHODS or dp > 1
-        self.pin_reason = ("data_parallel_size > 1" if dp > 1 else
+        self.pin_reason = ("data_parallel_size > 1 (ranks step in lockstep)" if dp > 1 else
                            f"method {self.method!r} needs a fixed K")
         self.controller = SpecController(
             self.config.controller_settings(self.num_spec_tokens),
@@ -201,8 +219,8 @@ class AdaptiveSpecState:
             names = getattr(vllm_config.model_config, "served_model_name", None)
             name = names[0] if isinstance(names, (list, tuple)) and names else (
                 names or vllm_config.model_config.model)
-            rank = getattr(vllm_config.parallel_config, "data_parallel_rank", 0) or 0
-            return SpecPlugMetrics(str(name), int(rank), self.ceiling)
+            return SpecPlugMetrics(str(name), dp_index(vllm_config.parallel_config),
+                                   self.ceiling)
         except Exception:
             logger.warning("vllm-specplug: Prometheus metrics unavailable, serving goes "
                            "on without them:\n%s", traceback.format_exc())
@@ -214,9 +232,8 @@ class AdaptiveSpecState:
             return None
         from vllm_specplug.trace import DecisionTrace
 
-        dp = getattr(vllm_config.parallel_config, "data_parallel_size", 1) or 1
-        if dp > 1:
-            rank = getattr(vllm_config.parallel_config, "data_parallel_rank", 0) or 0
+        rank = dp_index(vllm_config.parallel_config)
+        if rank > 0:  # rank 0 keeps the path as given
             path = f"{path}.rank{rank}"
         try:
             trace = DecisionTrace(path)
