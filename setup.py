@@ -19,6 +19,9 @@ setup(
         "test": ["pytest>=8", "openai", "requests", "pyyaml", "hypothesis"],
         "bench": ["matplotlib", "tqdm"],
         "convert": ["gguf", "accelerate", "transformers"],
+        # Simulator sweeps as Ray tasks (--ray / --ray-address); vLLM's own
+        # Ray executor needs Ray too (GPU builds).
+        "ray": ["ray>=2.40"],
     },
     entry_points={
         "vllm.general_plugins": ["specplug = vllm_specplug.plugin:register"],

@@ -96,3 +96,8 @@ def drafted_per_step(output):
     m = output.outputs[0].spec_decode_metrics
     return list(m.per_step_drafted) if m is not None else []
 
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "gpu: needs a CUDA GPU (skipped on CPU machines and in CI)")

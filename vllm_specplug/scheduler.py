@@ -116,7 +116,7 @@ class AdaptiveSpecState:
         # and only per-request k adapts.
         dp = getattr(vllm_config.parallel_config, "data_parallel_size", 1) or 1
         self.k_step_pinned = self.method not in ADAPTIVE_K_STEP_METHODS or dp > 1
-        self.pin_reason = ("data_parallel_size > 1 (ranks step in lockstep)" if dp > 1 else
+        self.pin_reason = ("data_parallel_size > 1: ranks step in lockstep" if dp > 1 else
                            f"method {self.method!r} needs a fixed K")
         self.controller = SpecController(
             self.config.controller_settings(self.num_spec_tokens),

@@ -29,6 +29,7 @@ from vllm_specplug.sim.report import (
 )
 from vllm_specplug.sim.scenarios import PARAMETRIC, make_scenario
 from vllm_specplug.sim.trace import write_trace
+from vllm_specplug.sweeps import RayUnavailable
 
 FULL_CONCURRENCY = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
 
@@ -87,7 +88,13 @@ def main(argv: list[str] | None = None) -> int:
                         "(default: closed loop at fixed concurrency)")
     p.add_argument("--tp", type=int, default=None, help="tensor parallelism of GPU setups")
     p.add_argument("--out", type=Path, default=Path("benchmarks/sim_results"))
-    p.add_argument("--jobs", type=int, default=1, help="worker processes")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="worker processes (with --ray: CPUs of the local Ray cluster)")
+    p.add_argument("--ray", action="store_true",
+                   help="run the cells as Ray tasks on a local Ray cluster started for the run")
+    p.add_argument("--ray-address", default=None, metavar="HOST:PORT",
+                   help="run the cells as Ray tasks on this running cluster ('auto': the "
+                        "one `ray start` made on this node); implies --ray")
     p.add_argument("--quick", action="store_true",
                    help="small sweep: 70b-1b and 8b-eagle, c in 1,8,64,512, 1 seed, "
                         "half a generation measured")
@@ -143,11 +150,18 @@ def main(argv: list[str] | None = None) -> int:
 
     t0 = time.time()
     sha_start, git_start = controller_sha(), git_rev()
+    ray_address = a.ray_address or ("local" if a.ray else None)
     specs = cell_specs(a.setup, a.scenarios, a.policies, a.concurrency, a.seeds, **opts)
     print(f"[sim] {len(specs)} cells: setups {','.join(a.setup)} on {a.gpu}, scenarios "
           f"{','.join(a.scenarios)}, concurrency {','.join(map(str, a.concurrency))}, "
-          f"{a.seeds} seed(s), {a.jobs} job(s)", file=sys.stderr)
-    results = run_sweep(specs, jobs=a.jobs)
+          f"{a.seeds} seed(s), "
+          + (f"Ray tasks ({ray_address})" if ray_address else f"{a.jobs} job(s)"),
+          file=sys.stderr)
+    try:
+        results = run_sweep(specs, jobs=a.jobs, ray_address=ray_address)
+    except RayUnavailable as exc:
+        print(f"[sim] {exc}", file=sys.stderr)
+        return 2
     calibration = None
     if "cpu-qwen" in a.setup and not a.no_calibration:
         from vllm_specplug.sim.calibration import calibration_report

@@ -45,13 +45,25 @@ def _cost_rank(spec: CellSpec) -> float:
     return -(spec.concurrency * (20 if heavy else 1)) * (spec.warmup + spec.measure)
 
 
-def run_sweep(specs: list[CellSpec], jobs: int = 1, progress: bool = True) -> list[dict]:
-    """Map ``run_cell`` over ``specs`` (in parallel with ``jobs`` > 1);
-    results come back in the order of ``specs``."""
+def run_sweep(specs: list[CellSpec], jobs: int = 1, progress: bool = True,
+              ray_address: str | None = None) -> list[dict]:
+    """Map ``run_cell`` over ``specs`` (in parallel with ``jobs`` > 1, or as
+    Ray tasks when ``ray_address`` is given: ``"local"``, ``"auto"`` or
+    ``HOST:PORT``, see ``vllm_specplug.sweeps``); results come back in the
+    order of ``specs``, the same whichever way they ran."""
     order = sorted(range(len(specs)), key=lambda i: _cost_rank(specs[i]))
     results: list[dict | None] = [None] * len(specs)
     bar = _Progress(len(specs), progress)
-    if jobs <= 1:
+    if ray_address is not None:
+        from vllm_specplug.sweeps import ray_map
+
+        # Heaviest first, as below, so the longest cells do not end last.
+        ordered = ray_map(run_cell, [specs[i] for i in order], address=ray_address,
+                          num_cpus=jobs if jobs > 1 else None,
+                          on_result=lambda j: bar.update(specs[order[j]]))
+        for i, r in zip(order, ordered):
+            results[i] = r
+    elif jobs <= 1:
         for i in order:
             results[i] = run_cell(specs[i])
             bar.update(specs[i])
