@@ -39,9 +39,14 @@ def _import_ray():
     return ray
 
 
+def _call(fn, item):
+    # A Ray task must be a function; ``fn`` may be any picklable callable.
+    return fn(item)
+
+
 def ray_map(fn: Callable[[Any], Any], items: Sequence[Any], address: str | None = None,
             num_cpus: int | None = None, on_result: Callable[[int], None] | None = None,
-            ) -> list[Any]:
+            resources: dict | None = None) -> list[Any]:
     """``[fn(x) for x in items]`` as Ray tasks, in the order of ``items``.
 
     ``address``: ``None`` or ``"local"`` starts a local cluster for this call
@@ -49,6 +54,8 @@ def ray_map(fn: Callable[[Any], Any], items: Sequence[Any], address: str | None 
     ``HOST:PORT`` joins a running cluster, which is left running.  A Ray
     session already initialised in this process is used as it is.
     ``on_result(i)`` is called as each item finishes (progress).
+    ``resources``: what each task holds (Ray's ``num_cpus`` / ``num_gpus``;
+    default one CPU).
     """
     ray = _import_ray()
     started = False
@@ -65,8 +72,8 @@ def ray_map(fn: Callable[[Any], Any], items: Sequence[Any], address: str | None 
             ray.init(address=address, runtime_env={"py_modules": [package]}, **common)
         started = True
     try:
-        remote = ray.remote(num_cpus=1)(fn)
-        refs = [remote.remote(x) for x in items]
+        remote = ray.remote(**(resources or {"num_cpus": 1}))(_call)
+        refs = [remote.remote(fn, x) for x in items]
         index = {ref: i for i, ref in enumerate(refs)}
         results: list[Any] = [None] * len(items)
         pending = list(refs)

@@ -48,6 +48,14 @@ def parse_args(argv):
                    help="requests per run (default: every prompt of the workload)")
     p.add_argument("--max-tokens", type=int, default=None, help="override max tokens per request")
     p.add_argument("--out", default="bench-results", help="output folder")
+    p.add_argument("--ray", action="store_true",
+                   help="run each setup as a Ray task on a local Ray cluster started for the run")
+    p.add_argument("--ray-address", default=None, metavar="HOST:PORT",
+                   help="run each setup as a Ray task on this running cluster ('auto': the one "
+                        "`ray start` made on this node)")
+    p.add_argument("--ray-cpus-per-setup", type=int, default=None,
+                   help="CPUs each setup's task holds on a CPU cluster (default: all of this "
+                        "machine's); on GPUs each task holds one GPU")
     p.add_argument("--tiny-root", default="/tmp/vllm-specplug-bench-tiny",
                    help="where the tiny smoke-test models are made")
     args = p.parse_args(argv)
@@ -91,18 +99,12 @@ def main(argv: list[str] | None = None) -> int:
                 prompts = prompts[: args.requests]
             plan.append((setup, workload, prompts, policies))
 
-    # Work in "nominal seconds": output tokens / the setup's nominal rate.
-    def units(setup, prompts):
-        return sum(m for _, m in prompts) / setup.nominal_tok_s
+    units = _units
 
     # The plain engine runs before and after the speculative one (once,
     # after it, in quick mode).
     plain_runs = 1 if args.quick else 2
-    total = 0.0
-    for setup, workload, prompts, policies in plan:
-        n_spec = len([p for p in policies if p != "plain"])
-        n_plain = plain_runs if "plain" in policies else 0
-        total += units(setup, prompts) * len(concurrency) * (n_spec * args.repeats + n_plain)
+    total = _work_units(plan, concurrency, args.repeats, plain_runs)
     n_runs = sum(len(concurrency) * (len([p for p in pol if p != "plain"]) * args.repeats
                                      + (plain_runs if "plain" in pol else 0))
                  for _, _, _, pol in plan)
@@ -110,29 +112,100 @@ def main(argv: list[str] | None = None) -> int:
           f"load levels; rough estimate {total / 60:.0f} min plus ~1 min per engine start "
           f"({2 * len(setups) + (len(setups) if 'plain' in wanted else 0)} starts). "
           "Progress and time left follow on stderr.", flush=True)
-    progress = Progress(total, "bench")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
-    runs: list[RunResult] = []
-    plain_outputs: dict[tuple, list] = {}
-    mismatches: list[dict] = []
-    traces: dict[str, str] = {}
-    unchecked: list[tuple] = []  # speculative outputs that ran before their plain reference
+    jobs = [(setup, [x for x in plan if x[0] is setup]) for setup in setups]
+    if args.ray or args.ray_address:
+        from vllm_specplug.sweeps import RayUnavailable, ray_map
 
-    def check_outputs(key, outs) -> None:
-        s_name, workload, c, policy, rep = key
-        ref = plain_outputs.get((s_name, workload))
-        if ref is None or outs == ref:
-            return
-        bad = [i for i, (a, b) in enumerate(zip(outs, ref)) if a != b]
-        mismatches.append(dict(setup=s_name, workload=workload, concurrency=c,
-                               policy=policy, rep=rep, requests=bad))
-        print(f"[bench] MISMATCH: {s_name} {workload} c={c} {policy}: greedy output "
-              f"differs from plain decoding in requests {bad}", file=sys.stderr, flush=True)
+        # One Ray task per setup: each starts its own engines and holds the
+        # CPUs (or GPU) of one node while it runs, so setups never share a
+        # machine and their numbers stay comparable.
+        resources = ({"num_gpus": 1} if _has_cuda() else
+                     {"num_cpus": args.ray_cpus_per_setup or _cpus()})
+        print(f"[bench] {len(jobs)} setup(s) as Ray tasks ({args.ray_address or 'local'}; "
+              f"{resources} each); each task prints its own progress", flush=True)
+        try:
+            parts = ray_map(_SetupJob(concurrency, args, str(out.resolve()), plain_runs), jobs,
+                            address=args.ray_address, resources=resources)
+        except RayUnavailable as exc:
+            print(f"[bench] {exc}", file=sys.stderr)
+            return 2
+    else:
+        progress = Progress(total, "bench")
+        job = _SetupJob(concurrency, args, str(out), plain_runs, progress)
+        parts = [job(j) for j in jobs]
+    runs = [r for part in parts for r in part["runs"]]
+    mismatches = [m for part in parts for m in part["mismatches"]]
+    traces = {k: v for part in parts for k, v in part["traces"].items()}
+    for part in parts:
+        for name, text in part["trace_texts"].items():
+            Path(traces[name]).write_text(text)
+    compared = any(part["compared"] for part in parts)
+    meta = dict(
+        command="python -m vllm_specplug.bench " + " ".join(argv if argv is not None
+                                                             else sys.argv[1:]),
+        date=time.strftime("%Y-%m-%d %H:%M:%S"),
+        wall_minutes=round((time.time() - started) / 60, 1),
+        machine=f"{platform.machine()}, {_cpus()} CPUs, {platform.platform()}",
+        vllm=_vllm_version(),
+        setups={s.name: s.title for s in setups},
+        concurrency=concurrency,
+        repeats=args.repeats,
+    )
+    results = report.summarise(runs, meta, mismatches)
+    report.write(results, out, traces)
+    print(report.markdown(results))
+    if mismatches:
+        print(f"[bench] {len(mismatches)} MISMATCH(ES) against plain decoding: see "
+              f"{out / 'results.json'}", file=sys.stderr)
+        return 1
+    if compared:
+        print(f"[bench] greedy outputs of every policy equal plain decoding. Results in {out}/")
+    else:
+        print(f"[bench] no plain-engine run: outputs were not compared. Results in {out}/")
+    return 0
 
-    for setup in setups:
-        items = [x for x in plan if x[0] is setup]
+
+class _SetupJob:
+    """Everything for one setup: its plain engine (before and after), its
+    speculative engine with every policy interleaved, and the output checks
+    against plain decoding.  A callable object so that it runs the same in
+    this process and as a Ray task (``--ray``)."""
+
+    def __init__(self, concurrency, args, out, plain_runs, progress=None) -> None:
+        self.concurrency, self.args, self.out = concurrency, args, out
+        self.plain_runs, self.progress = plain_runs, progress
+
+    def __call__(self, job) -> dict:
+        setup, items = job
+        args, concurrency, plain_runs = self.args, self.concurrency, self.plain_runs
+        out = Path(self.out)
+        env_defaults()
+        progress = self.progress
+        remote = progress is None
+        if remote:  # a Ray task: its own bar over this setup's work
+            progress = Progress(_work_units(items, concurrency, args.repeats, plain_runs),
+                                f"bench {setup.name}")
+        units = _units
+        runs: list[RunResult] = []
+        plain_outputs: dict[tuple, list] = {}
+        mismatches: list[dict] = []
+        traces: dict[str, str] = {}
+        unchecked: list[tuple] = []  # speculative outputs that ran before their plain reference
+
+        def check_outputs(key, outs) -> None:
+            s_name, workload, c, policy, rep = key
+            ref = plain_outputs.get((s_name, workload))
+            if ref is None or outs == ref:
+                return
+            bad = [i for i, (a, b) in enumerate(zip(outs, ref)) if a != b]
+            mismatches.append(dict(setup=s_name, workload=workload, concurrency=c,
+                                   policy=policy, rep=rep, requests=bad))
+            print(f"[bench] MISMATCH: {s_name} {workload} c={c} {policy}: greedy output "
+                  f"differs from plain decoding in requests {bad}", file=sys.stderr, flush=True)
+
         max_c = max(concurrency)
         policies_all = items[0][3] if items else []
         spec_policies = [p for p in policies_all if p != "plain"]
@@ -188,31 +261,35 @@ def main(argv: list[str] | None = None) -> int:
         if "plain" in policies_all:
             plain_pass(1)
 
-    for key, outs in unchecked:
-        check_outputs(key, outs)
-    meta = dict(
-        command="python -m vllm_specplug.bench " + " ".join(argv if argv is not None
-                                                             else sys.argv[1:]),
-        date=time.strftime("%Y-%m-%d %H:%M:%S"),
-        wall_minutes=round((time.time() - started) / 60, 1),
-        machine=f"{platform.machine()}, {_cpus()} CPUs, {platform.platform()}",
-        vllm=_vllm_version(),
-        setups={s.name: s.title for s in setups},
-        concurrency=concurrency,
-        repeats=args.repeats,
-    )
-    results = report.summarise(runs, meta, mismatches)
-    report.write(results, out, traces)
-    print(report.markdown(results))
-    if mismatches:
-        print(f"[bench] {len(mismatches)} MISMATCH(ES) against plain decoding: see "
-              f"{out / 'results.json'}", file=sys.stderr)
-        return 1
-    if plain_outputs:
-        print(f"[bench] greedy outputs of every policy equal plain decoding. Results in {out}/")
-    else:
-        print(f"[bench] no plain-engine run: outputs were not compared. Results in {out}/")
-    return 0
+        for key, outs in unchecked:
+            check_outputs(key, outs)
+        # A Ray task may run on another node: send the trace itself back.
+        texts = {name: Path(path).read_text() for name, path in traces.items()} if remote else {}
+        return dict(runs=runs, mismatches=mismatches, traces=traces, trace_texts=texts,
+                    compared=bool(plain_outputs))
+
+
+def _units(setup, prompts) -> float:
+    # Work in "nominal seconds": output tokens / the setup's nominal rate.
+    return sum(m for _, m in prompts) / setup.nominal_tok_s
+
+
+def _work_units(plan, concurrency, repeats, plain_runs) -> float:
+    total = 0.0
+    for setup, _, prompts, policies in plan:
+        n_spec = len([p for p in policies if p != "plain"])
+        n_plain = plain_runs if "plain" in policies else 0
+        total += _units(setup, prompts) * len(concurrency) * (n_spec * repeats + n_plain)
+    return total
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:
+        return False
 
 
 def _result(setup, workload, c, policy, rep, r) -> RunResult:
