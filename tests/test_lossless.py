@@ -1,6 +1,6 @@
 """Losslessness: every policy's greedy output equals plain decoding.
 
-120 varied requests in one batch per engine: prompt lengths from 1
+320 varied requests in one batch per engine: prompt lengths from 1
 token to near ``max_model_len``, ``max_tokens`` from 1, stop strings,
 logprobs, per-request ceilings, with chunked prefill (small token budget),
 prefix caching (shared prefixes) and preemption (a small KV cache) all on,
@@ -23,7 +23,7 @@ def words(rng, n):
     return " ".join(f"w{rng.randrange(VOCAB_WORDS)}" for _ in range(n))
 
 
-def build_requests(n=120, seed=0):
+def build_requests(n=320, seed=0):
     from vllm import SamplingParams
 
     rng = random.Random(seed)
