@@ -262,17 +262,45 @@ class StepCostModel:
         self._xtx = lam * self._xtx + np.outer(x, x)
         self._xty = lam * self._xty + x * seconds
         self.num_observations += 1
-        a = self._xtx + self._ridge
-        b = self._xty + self._ridge @ self._theta0
-        try:
-            inv = np.linalg.inv(a)
-        except np.linalg.LinAlgError:
-            return True
-        theta = inv @ b
-        if np.all(np.isfinite(theta)):
-            # Costs never fall when a step does more work: a negative slope is
-            # noise, and would make draft slots look free.
-            theta[1:] = np.maximum(theta[1:], 0.0)
-            self._theta = theta
+        fitted = self._solve_nonnegative(self._xtx + self._ridge,
+                                         self._xty + self._ridge @ self._theta0)
+        if fitted is not None:
+            self._theta, inv = fitted
             self._cov = self._resid_var * inv
         return True
+
+    @staticmethod
+    def _solve_nonnegative(a: np.ndarray, b: np.ndarray):
+        """``a @ theta = b`` with every slope (``theta[1:]``) >= 0.
+
+        Costs never fall when a step does more work: a negative slope is
+        noise, and would make draft slots look free.  Clamping it to 0 after
+        an unconstrained solve is not enough: features that always move
+        together (at one batch size the intercept and the batch term, K_step
+        and batch x K_step) share what the data says about their sum, and a
+        clamp throws the negative part away, so the sum, a plain step's
+        predicted cost, comes out too high.  So a negative slope is fixed at
+        0 and the others are solved again (an active set; five features, at
+        most four rounds).  Returns (theta, inverse used for the covariance)
+        or None when the system is singular or not finite.
+        """
+        n = len(b)
+        free = np.ones(n, dtype=bool)
+        for _ in range(n):
+            idx = np.flatnonzero(free)
+            try:
+                inv_free = np.linalg.inv(a[np.ix_(idx, idx)])
+            except np.linalg.LinAlgError:
+                return None
+            theta = np.zeros(n)
+            theta[idx] = inv_free @ b[idx]
+            if not np.all(np.isfinite(theta)):
+                return None
+            negative = free & (theta < 0.0)
+            negative[0] = False  # the intercept may take any sign
+            if not negative.any():
+                inv = np.zeros((n, n))
+                inv[np.ix_(idx, idx)] = inv_free
+                return theta, inv
+            free &= ~negative
+        return None
