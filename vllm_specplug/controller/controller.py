@@ -28,7 +28,7 @@ class ControllerSettings:
     forgetting: float = 0.9
     prior_strength: float = 0.5
     initial_acceptance: float = 0.6
-    cost_forgetting: float = 0.98
+    cost_forgetting: float = 0.99
     min_gain: float = 0.02
     probe_k: int = 1
     probe_interval: int = 4
