@@ -27,8 +27,8 @@ fitted model, and the rest of the step joins the fit as usual.
 
 Timing is noisy and can be garbage (a stalled clock, a GC pause); a sample
 that is not finite or not positive is dropped, and after warm-up a sample's
-relative error is clipped to a band scaled by the running error, so one
-outlier cannot swing K.
+relative error is clipped to a band scaled by the running error (dropped
+when it lies far outside it), so one outlier cannot swing K.
 """
 
 from __future__ import annotations
@@ -249,6 +249,15 @@ class StepCostModel:
             self._rel_scale = statistics.median(self._rel_hist)
             if abs(rel) > bound:
                 self.num_rejected += 1
+                if abs(rel) > 2.0 * bound:
+                    # Far outside the band: a stall or a clock jump, not what
+                    # the step cost.  Even clipped, each such sample pushes
+                    # the fit the same way (stalls are only ever slow), and
+                    # in directions that few steps excite (long drafts while
+                    # most steps are plain) it stays pushed.  Dropped; a real
+                    # change in cost persists, widens the band (the median
+                    # above) and is then fitted.
+                    return False
                 rel = max(-bound, min(rel, bound))
                 seconds = pred * (1.0 + rel)
         if self.num_observations == 0:
