@@ -85,10 +85,7 @@ class SpecController:
         self._probe_check: tuple | None = None
         self._catchup_tokens = 0
         self._since_plain = 0
-        # A fresh controller measures plain decoding first (see
-        # PLAIN_ANCHOR_START); the plans count as one anchor.
-        self._anchor_left = self.PLAIN_ANCHOR_START
-        self._start_anchor = True
+        self._anchor_left = 0
         self._anchor_interval = self.PLAIN_ANCHOR_FIRST
         self._alloc(self.estimator.capacity)
         self.stats = ControllerStats(k_counts=np.zeros(settings.max_k + 1, dtype=np.int64))
@@ -374,15 +371,6 @@ class SpecController:
     # drafts; the second is a pure plain step (one token per request, no
     # draft pass), the point the fit needs.
     PLAIN_ANCHOR_STEPS = 2
-    # A fresh controller's first speculative plans are plain.  The cost
-    # model's prior is a shape scaled by the first step it measures; scaled
-    # by a speculative step, the prior's guess at how a step's cost splits
-    # into fixed and per-token parts decides what plain decoding costs, and
-    # on a CPU it guessed 75% too high: speculation looked good until the
-    # first anchor.  The cost model drops its first two steps (start-up
-    # costs), so three plans give at least one measured plain step.  On a
-    # long-running server they cost three steps' speculation gain once.
-    PLAIN_ANCHOR_START = 3
 
     def _maybe_plain_anchor(self, decision: Decision) -> Decision:
         """Now and then plan a plain step among speculative ones.
@@ -397,9 +385,6 @@ class SpecController:
         to ``PLAIN_ANCHOR_MAX`` (two plans, see ``PLAIN_ANCHOR_STEPS``)
         measures it, at the price of those steps' speculation gain.
         """
-        if self._start_anchor:
-            self._start_anchor = False
-            self.stats.plain_anchors += 1
         if decision.k_step == 0:
             self._since_plain = 0
             self._anchor_left = 0
