@@ -101,3 +101,33 @@ def drafted_per_step(output):
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "gpu: needs a CUDA GPU (skipped on CPU machines and in CI)")
+
+
+def acceptance(output, skip_steps=0):
+    """Accepted / drafted over a request's steps (None if nothing drafted)."""
+    m = output.outputs[0].spec_decode_metrics
+    drafted = sum(m.per_step_drafted[skip_steps:])
+    accepted = sum(m.per_step_accepted[skip_steps:])
+    return accepted / drafted if drafted else None
+
+
+def run_with_forced_fallback(llm, prompts, ceiling, off_from=4, off_steps=24, max_tokens=96):
+    """Drive the engine step by step; every request's ceiling is 0 from step
+    ``off_from`` for ``off_steps`` steps, then ``ceiling`` again.  Returns
+    the finished outputs in the order of ``prompts``."""
+    engine = llm.llm_engine
+    controller = scheduler_of(llm).specplug.controller
+    for i, p in enumerate(prompts):
+        engine.add_request(f"r{i}", p, greedy(max_tokens,
+                                             extra_args={"specplug_max_k": ceiling}))
+    done, step = {}, 0
+    while engine.has_unfinished_requests():
+        if step == off_from or step == off_from + off_steps:
+            cap = 0 if step == off_from else ceiling
+            for rid in list(controller._row_of):
+                controller.set_ceiling(rid, cap)
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out
+        step += 1
+    return [done[f"r{i}"] for i in range(len(prompts))]

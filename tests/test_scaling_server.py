@@ -25,7 +25,7 @@ ONE_CORE_PER_RANK = {"VLLM_CPU_OMP_THREADS_BIND": "0|1", "VLLM_CPU_NUM_OF_RESERV
 PROMPTS = [PROMPT + f" w{i} w{i + 5}" for i in range(8)]
 
 
-def completions_match_plain(server, max_tokens=40, concurrent=True):
+def completions_match_plain(server, max_tokens=40):
     """All PROMPTS at once (so DP spreads them), then again with the ceiling
     at 0; returns the responses of the speculative run."""
     url = server.url + "/v1/completions"
@@ -44,8 +44,6 @@ def completions_match_plain(server, max_tokens=40, concurrent=True):
         threads = [threading.Thread(target=one, args=(i, plain)) for i in range(len(PROMPTS))]
         for t in threads:
             t.start()
-            if not concurrent:
-                t.join()
         for t in threads:
             t.join()
     for i in range(len(PROMPTS)):

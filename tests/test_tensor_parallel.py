@@ -21,7 +21,8 @@ import os
 
 import pytest
 
-from conftest import CEILING, greedy, make_llm, scheduler_of, shutdown, token_ids
+from conftest import (CEILING, acceptance, greedy, make_llm, run_with_forced_fallback,
+                      scheduler_of, shutdown, token_ids)
 from vllm_specplug.testing import prompt, worker_draft_stats
 
 TP_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "0|1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
@@ -61,12 +62,6 @@ def rank_stats(llm):
     return sorted(llm.collective_rpc(worker_draft_stats), key=lambda s: s["rank"])
 
 
-def acceptance(output):
-    m = output.outputs[0].spec_decode_metrics
-    drafted = sum(m.per_step_drafted)
-    return sum(m.per_step_accepted) / drafted if drafted else None
-
-
 def test_draft_runs_at_the_target_tp(tp2):
     spec = tp2.llm_engine.vllm_config.speculative_config
     assert tp2.llm_engine.vllm_config.parallel_config.tensor_parallel_size == 2
@@ -88,21 +83,8 @@ def test_greedy_equal_and_drafts_climb(tp2, plain):
 
 
 def test_fallback_and_catch_up_identical_on_both_ranks(tp2, plain):
-    engine = tp2.llm_engine
-    controller = scheduler_of(tp2).specplug.controller
     before = rank_stats(tp2)
-    for i, p in enumerate(PROMPTS):
-        engine.add_request(f"tp{i}", p, greedy(96, extra_args={"specplug_max_k": CEILING}))
-    done, step = {}, 0
-    while engine.has_unfinished_requests():
-        if step in (4, 28):  # 24 steps with every ceiling at 0, then released
-            for rid in list(controller._row_of):
-                controller.set_ceiling(rid, 0 if step == 4 else CEILING)
-        for out in engine.step():
-            if out.finished:
-                done[out.request_id] = out
-        step += 1
-    outs = [done[f"tp{i}"] for i in range(len(PROMPTS))]
+    outs = run_with_forced_fallback(tp2, PROMPTS, CEILING)  # 24 steps at ceiling 0
     assert token_ids(outs) == [plain[p] for p in PROMPTS]
 
     after = rank_stats(tp2)

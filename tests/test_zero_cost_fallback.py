@@ -11,7 +11,8 @@ everywhere.
 
 import pytest
 
-from conftest import greedy, make_llm, scheduler_of, shutdown, token_ids
+from conftest import (acceptance, greedy, make_llm, run_with_forced_fallback, shutdown,
+                      token_ids)
 from vllm_specplug.patches import draft_model_skip
 from vllm_specplug.testing import prompt
 
@@ -27,13 +28,6 @@ def count_forwards(module):
     calls = [0]
     module.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
     return calls
-
-
-def acceptance(output, skip_steps=0):
-    m = output.outputs[0].spec_decode_metrics
-    drafted = sum(m.per_step_drafted[skip_steps:])
-    accepted = sum(m.per_step_accepted[skip_steps:])
-    return accepted / drafted if drafted else None
 
 
 def spec(draft):
@@ -83,26 +77,6 @@ def test_random_draft_stops_running_in_fallback(tiny_models, plain):
         shutdown(llm)
 
 
-def _run_with_forced_fallback(llm, prompts, off_from=4, off_steps=24, max_tokens=96):
-    """Drive the engine step by step; requests' ceilings are 0 for a while."""
-    engine = llm.llm_engine
-    controller = scheduler_of(llm).specplug.controller
-    for i, p in enumerate(prompts):
-        engine.add_request(f"r{i}", p, greedy(max_tokens,
-                                             extra_args={"specplug_max_k": CEILING}))
-    done, step = {}, 0
-    while engine.has_unfinished_requests():
-        if step == off_from or step == off_from + off_steps:
-            cap = 0 if step == off_from else CEILING
-            for rid in list(controller._row_of):
-                controller.set_ceiling(rid, cap)
-        for out in engine.step():
-            if out.finished:
-                done[out.request_id] = out
-        step += 1
-    return [done[k] for k in sorted(done)]
-
-
 @pytest.mark.parametrize("catch_up", [True, False], ids=["catch-up", "no-catch-up"])
 def test_catch_up_repairs_the_draft_kv(perfect, plain, monkeypatch, catch_up):
     drafter = drafter_of(perfect)
@@ -110,7 +84,7 @@ def test_catch_up_repairs_the_draft_kv(perfect, plain, monkeypatch, catch_up):
         monkeypatch.setattr(draft_model_skip, "_catch_up", lambda *a, **k: None)
     before = draft_model_skip.DraftSkipStats(**vars(drafter.specplug_stats))
     prompts = [prompt(i) for i in range(4)]
-    outs = _run_with_forced_fallback(perfect, prompts)
+    outs = run_with_forced_fallback(perfect, prompts, CEILING)
     assert token_ids(outs) == [plain[p] for p in prompts]
     stats = drafter.specplug_stats
     assert stats.skipped_passes - before.skipped_passes >= 20

@@ -99,8 +99,6 @@ def main(argv: list[str] | None = None) -> int:
                 prompts = prompts[: args.requests]
             plan.append((setup, workload, prompts, policies))
 
-    units = _units
-
     # The plain engine runs before and after the speculative one (once,
     # after it, in quick mode).
     plain_runs = 1 if args.quick else 2
@@ -188,7 +186,6 @@ class _SetupJob:
         if remote:  # a Ray task: its own bar over this setup's work
             progress = Progress(_work_units(items, concurrency, args.repeats, plain_runs),
                                 f"bench {setup.name}")
-        units = _units
         runs: list[RunResult] = []
         plain_outputs: dict[tuple, list] = {}
         mismatches: list[dict] = []
@@ -222,7 +219,7 @@ class _SetupJob:
                             mismatches.append(dict(setup=setup.name, workload=workload,
                                                    concurrency=c, policy="plain", rep=rep,
                                                    note="plain differs from its own first run"))
-                        progress.advance(units(setup, prompts),
+                        progress.advance(_units(setup, prompts),
                                          f"{setup.name} {workload} c={c} plain "
                                          f"{r['tok_s']:.2f} tok/s")
             finally:
@@ -253,7 +250,7 @@ class _SetupJob:
                                     check_outputs(key, r["outputs"])
                                 else:  # plain runs after the speculative engine
                                     unchecked.append((key, r["outputs"]))
-                                progress.advance(units(setup, prompts),
+                                progress.advance(_units(setup, prompts),
                                                  f"{setup.name} {workload} c={c} {policy} "
                                                  f"rep {rep + 1}: {r['tok_s']:.2f} tok/s")
             finally:
