@@ -304,3 +304,44 @@ def test_catch_up_cost_is_learned_from_the_excess_and_priced_into_plans():
     d = pol.decide(good, ceilings, 2.0, cm, catchup_tokens=20)
     assert d.k_step > 0
     assert d.predicted_seconds > pol.decide(good, ceilings, 2.0, cm).predicted_seconds
+
+
+def best_rate_by_enumeration(survival, a0, a_tok, a_pass):
+    """The best decode rate over every plan a threshold policy could choose.
+
+    For each K_step j, the slots worth taking are the most likely ones among
+    positions < j; the best set is a top-n of them for some n, so trying every
+    n of every j finds the optimum of tokens / seconds.
+    """
+    batch, width = survival.shape
+    best = batch / (a0 + a_tok * batch)  # plain decoding
+    for j in range(1, width + 1):
+        values = np.sort(survival[:, :j].ravel())[::-1]
+        n = np.arange(1, values.size + 1)
+        rates = (batch + np.cumsum(values)) / (a0 + a_tok * (batch + n) + a_pass * j)
+        best = max(best, rates.max())
+    return best
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_goodput_plan_is_near_the_best_rate_and_consistent(seed):
+    # The policy finds its plan in a few Dinkelbach rounds, not by search;
+    # it must come within a fraction of a percent of the enumerated optimum,
+    # and its k must be exactly the slots its threshold selects.
+    rng = np.random.default_rng(seed)
+    batch, width = int(rng.integers(1, 96)), int(rng.integers(1, 9))
+    per_token, per_pass = rng.uniform(0.001, 0.3), rng.uniform(0.0, 0.3)
+    cm = StepCostModel(CostPrior(intercept=1.0, per_request=0.0, per_token=per_token,
+                                 per_draft_pass=per_pass))  # uncalibrated: point estimates
+    alpha = rng.uniform(0.05, 1.0, size=(batch, width))
+    survival = np.cumprod(alpha, axis=1)
+    d = GoodputPolicy(min_gain=0.0).decide(survival, np.full(batch, width), float(batch), cm)
+    a0, a_tok, a_pass = cm.linear_terms(batch)
+    rate = d.predicted_tokens / d.predicted_seconds
+    assert rate >= 0.995 * best_rate_by_enumeration(survival, a0, a_tok, a_pass)
+    if d.k_step:
+        granted = survival[:, : d.k_step] >= np.sort(
+            survival[:, : d.k_step].ravel())[::-1][d.k.sum() - 1]
+        assert (granted.sum(axis=1) == d.k).all()
+    expected = len(d.k) + sum(survival[r, : d.k[r]].sum() for r in range(batch))
+    assert d.predicted_tokens == pytest.approx(expected)

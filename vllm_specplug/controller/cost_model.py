@@ -146,31 +146,30 @@ class StepCostModel:
         a_pass = self.linear_terms(batch)[2]
         return a_pass + self._catchup_per_token * tokens
 
-    def predict_many(
-        self, batch: float, tokens: np.ndarray, k_step: np.ndarray, optimism: float = 0.0
-    ) -> np.ndarray:
-        """Predicted seconds for many candidate plans at once.
+    def predict_lower(self, batch: float, tokens, k_steps, optimism: float = 0.0) -> list:
+        """Predicted seconds for many candidate plans at once (lists of floats).
 
         With ``optimism > 0`` this is a lower confidence bound: the
         prediction minus ``optimism`` standard errors of the fit.  Plans the
         data has not covered yet (more drafts than ever tried) look a little
         cheaper than the point estimate, so the controller tries them once
         and measures, instead of trusting the prior forever.  Where data is
-        plentiful the bound is tight and this changes nothing.
+        plentiful the bound is tight and this changes nothing.  Plain Python
+        over a few candidates (one per K_step) is cheaper than array calls.
         """
         # For a fixed batch the five features are linear in (1, tokens,
         # k_step): x = P @ (1, tokens, k_step).  theta and the covariance
         # reduced through P are cached per batch size (they change only when
         # a step is observed), so a candidate plan costs a few flops.
-        a0, a1, a2, c = self._reduced(batch)
-        pred = a0 + a1 * tokens + a2 * k_step
+        a0, a1, a2, (c00, c01, c02, c11, c12, c22) = self._reduced(batch)
         if optimism <= 0.0 or not self._scaled:
-            return pred
-        c00, c01, c02, c11, c12, c22 = c
-        var = (c00 + tokens * (2.0 * c01 + c11 * tokens)
-               + k_step * (2.0 * c02 + c22 * k_step + (2.0 * c12) * tokens))
-        sd = np.sqrt(np.maximum(var, 0.0))
-        return np.maximum(pred - optimism * sd, 0.5 * pred)
+            return [a0 + a1 * t + a2 * k for t, k in zip(tokens, k_steps)]
+        out = []
+        for t, k in zip(tokens, k_steps):
+            pred = a0 + a1 * t + a2 * k
+            var = c00 + t * (2.0 * c01 + c11 * t) + k * (2.0 * c02 + c22 * k + (2.0 * c12) * t)
+            out.append(max(pred - optimism * math.sqrt(max(var, 0.0)), 0.5 * pred))
+        return out
 
     def linear_terms(self, batch: float) -> tuple[float, float, float]:
         """Step seconds at this batch size as a0 + a_tok * tokens + a_pass * K_step."""
@@ -178,14 +177,26 @@ class StepCostModel:
         return a0, a1, a2
 
     def _reduced(self, batch: float) -> tuple:
-        """theta and the covariance reduced to (1, tokens, k_step), as floats."""
+        """theta and the covariance reduced to (1, tokens, k_step), as floats.
+
+        The reduction is x = P @ (1, tokens, k_step) with P's columns
+        e0 + B e1, e2 and e3 + B e4; written out in scalars because it is
+        redone after every observed step, for every plan, and 5x5 array
+        products cost more in call overhead than in arithmetic.
+        """
         cached = self._reduced_cache.get(batch)
         if cached is None:
-            p = np.zeros((len(FEATURES), 3))
-            p[0, 0], p[1, 0], p[2, 1], p[3, 2], p[4, 2] = 1.0, batch, 1.0, 1.0, batch
-            a0, a1, a2 = (self._theta @ p).tolist()
-            (c00, c01, c02), (_, c11, c12), (_, _, c22) = (p.T @ self._covariance() @ p).tolist()
-            cached = (a0, a1, a2, (c00, c01, c02, c11, c12, c22))
+            b = float(batch)
+            t0, t1, t2, t3, t4 = self._theta.tolist()
+            c = self._covariance().tolist()
+            # u . C . v for the reduced directions u, v.
+            c00 = c[0][0] + 2.0 * b * c[0][1] + b * b * c[1][1]
+            c01 = c[0][2] + b * c[1][2]
+            c02 = c[0][3] + b * (c[0][4] + c[1][3]) + b * b * c[1][4]
+            c11 = c[2][2]
+            c12 = c[2][3] + b * c[2][4]
+            c22 = c[3][3] + 2.0 * b * c[3][4] + b * b * c[4][4]
+            cached = (t0 + b * t1, t2, t3 + b * t4, (c00, c01, c02, c11, c12, c22))
             self._reduced_cache[batch] = cached
         return cached
 
@@ -294,22 +305,28 @@ class StepCostModel:
         or None when the system is singular or not finite.
         """
         n = len(b)
-        free = np.ones(n, dtype=bool)
+        free = list(range(n))
         for _ in range(n):
-            idx = np.flatnonzero(free)
+            # All slopes free is the usual case: no sub-matrix to gather.
+            full = len(free) == n
+            sub = a if full else a[np.ix_(free, free)]
             try:
-                inv_free = np.linalg.inv(a[np.ix_(idx, idx)])
+                inv_free = np.linalg.inv(sub)
             except np.linalg.LinAlgError:
                 return None
-            theta = np.zeros(n)
-            theta[idx] = inv_free @ b[idx]
-            if not np.all(np.isfinite(theta)):
+            theta_free = inv_free @ (b if full else b[free])
+            values = theta_free.tolist()
+            if not all(map(math.isfinite, values)):
                 return None
-            negative = free & (theta < 0.0)
-            negative[0] = False  # the intercept may take any sign
-            if not negative.any():
+            # The intercept may take any sign.
+            negative = {i for i, v in zip(free, values) if v < 0.0 and i != 0}
+            if not negative:
+                if full:
+                    return theta_free, inv_free
+                theta = np.zeros(n)
+                theta[free] = theta_free
                 inv = np.zeros((n, n))
-                inv[np.ix_(idx, idx)] = inv_free
+                inv[np.ix_(free, free)] = inv_free
                 return theta, inv
-            free &= ~negative
+            free = [i for i in free if i not in negative]
         return None

@@ -15,6 +15,7 @@ the proposer runs), with ``k[r] <= K_step <= max_k``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 
 import numpy as np
 
@@ -76,7 +77,9 @@ class GoodputPolicy:
         self.min_gain = min_gain
         # Standard errors of cost optimism for plans the data has not covered.
         self.optimism = optimism
-        self._cache: dict = {}
+        self._cache: dict = {}  # width -> scratch table (see _buffer)
+        self._ones = np.ones(0)
+        self._positions_cache: dict = {}
         self._catchup_share = 0.0
 
     def decide(
@@ -106,33 +109,27 @@ class GoodputPolicy:
                                / self.CATCHUP_AMORTIZATION_STEPS if catchup_tokens > 0 else 0.0)
         prefill_s = a_tok * max(base_tokens - batch, 0.0)
         t_plain = a0 + a_tok * batch  # a decode-only plain step
-        if fixed_k_step is None:
-            js = self._positions(width + 1)[0]
-        else:
-            js = np.array([fixed_k_step])
+        # take[r, p] = 1.0 where slot (r, p) is granted; s * take beside it.
+        buf = self._buffer(batch, width)
         lam = batch / t_plain if t_plain > 0 else 0.0
         for _ in range(self.ROUNDS):
-            j, tokens, n, seconds = self._best_j(s, js, lam, a0, a_tok, a_pass, batch,
-                                                 t_plain, cost, optimistic=False)
+            j, tokens, n, seconds = self._best_j(s, buf, fixed_k_step, lam, a0, a_tok, a_pass,
+                                                 batch, t_plain, cost, optimistic=False)
             rate = tokens / seconds if seconds > 0 else 0.0
             if rate <= lam * (1.0 + 1e-6):
                 break
             lam = rate
-        j, tokens, n, seconds = self._best_j(s, js, lam, a0, a_tok, a_pass, batch, t_plain,
-                                             cost, optimistic=True)
+        j, tokens, n, seconds = self._best_j(s, buf, fixed_k_step, lam, a0, a_tok, a_pass,
+                                             batch, t_plain, cost, optimistic=True)
         plain_rate = batch / t_plain if t_plain > 0 else 0.0
         if (fixed_k_step is None and j > 0 and seconds > 0
                 and tokens / seconds < plain_rate * (1.0 + self.min_gain)):
             j, tokens, n, seconds = 0, float(batch), 0, t_plain
         if n == 0 and fixed_k_step is None:
             j = 0
-        bar = lam * a_tok
         if n > 0:
-            # The same slot rule as _best_j: with a zero verification cost
-            # the bar is 0 and only positive survival counts (slots above a
-            # ceiling are 0 and must never be granted).
-            take = s[:, :j] >= bar if bar > 0 else s[:, :j] > 0
-            k = np.count_nonzero(take, axis=1)
+            # The last _best_j left the chosen slots (at this lam) in buf.
+            k = (buf[0, :, :j] @ self._ones[:j]).astype(np.int64)
         else:
             k = np.zeros(batch, dtype=np.int64)
             if fixed_k_step is None:
@@ -146,36 +143,62 @@ class GoodputPolicy:
             plain_tokens=float(batch),
         )
 
-    def _best_j(self, s, js, lam, a0, a_tok, a_pass, batch, t_plain, cost, optimistic):
-        """(j, expected tokens, slots, decode seconds) of the best plan at ``lam``."""
+    def _best_j(self, s, buf, fixed_k_step, lam, a0, a_tok, a_pass, batch, t_plain, cost,
+                optimistic):
+        """(j, expected tokens, slots, decode seconds) of the best plan at ``lam``.
+
+        Leaves the slots taken at ``lam`` in ``buf[0]``.  This runs two or
+        three times in every decision, so it is a handful of array
+        operations over the table (compare, multiply, one matrix product for
+        the per-position sums); the scan over K_step, at most ``max_k + 1``
+        values, is plain Python, cheaper than array calls at that size.
+        """
         bar = lam * a_tok
-        take = s >= bar if bar > 0 else s > 0
-        # Per position: slots taken and their expected accepted tokens;
-        # cumulative over positions gives every K_step's plan at once.
-        width = s.shape[1]
-        n_cum = np.zeros(width + 1)
-        gain_cum = np.zeros(width + 1)
-        np.cumsum(np.count_nonzero(take, axis=0), out=n_cum[1:])
-        np.cumsum((s * take).sum(axis=0), out=gain_cum[1:])
-        n_j, gain_j = n_cum[js], gain_cum[js]
+        take, weighted = buf[0], buf[1]
+        # With a zero verification cost the bar is 0 and only positive
+        # survival counts (slots above a ceiling are 0 and never granted).
+        if bar > 0:
+            np.greater_equal(s, bar, out=take)
+        else:
+            np.greater(s, 0.0, out=take)
+        np.multiply(s, take, out=weighted)
+        counts, gains = (self._ones[:batch] @ buf).tolist()
+        n_cum = [0.0, *accumulate(counts)]
+        gain_cum = [0.0, *accumulate(gains)]
+        if fixed_k_step is None:
+            js = range(len(n_cum))
+        else:
+            js = (fixed_k_step,)
+            n_cum, gain_cum = [n_cum[fixed_k_step]], [gain_cum[fixed_k_step]]
+        tokens = [batch + n for n in n_cum]
         if optimistic:
-            seconds = cost.predict_many(batch, batch + n_j, js.astype(float), self.optimism)
+            seconds = cost.predict_lower(batch, tokens, js, self.optimism)
             if js[0] == 0:
                 seconds[0] = t_plain  # plain decoding is judged at its point estimate
         else:
-            seconds = a0 + a_tok * (batch + n_j) + a_pass * js
-        if self._catchup_share > 0:
-            seconds = seconds + np.where(js > 0, self._catchup_share, 0.0)
-        seconds = np.maximum(seconds, 1e-12)
-        net = gain_j - lam * (seconds - t_plain)
-        best = int(np.argmax(net))
-        return (int(js[best]), float(batch + gain_j[best]), int(n_j[best]),
-                float(seconds[best]))
+            seconds = [a0 + a_tok * t + a_pass * j for t, j in zip(tokens, js)]
+        share = self._catchup_share
+        if share > 0:
+            seconds = [sec + share if j > 0 else sec for sec, j in zip(seconds, js)]
+        seconds = [sec if sec > 1e-12 else 1e-12 for sec in seconds]
+        nets = [g - lam * (sec - t_plain) for g, sec in zip(gain_cum, seconds)]
+        i = nets.index(max(nets))  # the first best, as argmax would
+        return js[i], batch + gain_cum[i], int(n_cum[i]), seconds[i]
+
+    def _buffer(self, batch: int, width: int) -> np.ndarray:
+        """A (2, batch, width) scratch table; one allocation per width, grown by doubling."""
+        buf = self._cache.get(width)
+        if buf is None or buf.shape[1] < batch:
+            rows = max(64, 1 << (batch - 1).bit_length())
+            buf = self._cache[width] = np.zeros((2, rows, width))
+            if self._ones.size < rows:
+                self._ones = np.ones(rows)
+        return buf[:, :batch]
 
     def _positions(self, width: int) -> np.ndarray:
-        pos = self._cache.get(width)
+        pos = self._positions_cache.get(width)
         if pos is None:
-            pos = self._cache[width] = np.arange(width)[None, :]
+            pos = self._positions_cache[width] = np.arange(width)[None, :]
         return pos
 
 
