@@ -345,3 +345,89 @@ def test_goodput_plan_is_near_the_best_rate_and_consistent(seed):
         assert (granted.sum(axis=1) == d.k).all()
     expected = len(d.k) + sum(survival[r, : d.k[r]].sum() for r in range(batch))
     assert d.predicted_tokens == pytest.approx(expected)
+
+
+def test_compiled_policy_loop_matches_the_numpy_path():
+    # vllm_specplug.controller.compiled (numba, which comes with vLLM) and the
+    # NumPy path must make the same decisions: fixed and free K_step, capped
+    # ceilings, catch-up charges, calibrated (optimistic bounds) or not.
+    from vllm_specplug.controller import compiled
+
+    pytest.importorskip("numba")
+    assert compiled.best_plan is not None, "numba is installed but the loop did not compile"
+    rng = np.random.default_rng(7)
+    checked = 0
+    for trial in range(300):
+        batch, width = int(rng.integers(1, 80)), int(rng.integers(1, 9))
+        cm = StepCostModel(CostPrior(intercept=1.0, per_request=rng.uniform(0, 0.05),
+                                     per_token=rng.uniform(0.001, 0.3),
+                                     per_draft_pass=rng.uniform(0, 0.3)))
+        if trial % 2:  # calibrate: lower confidence bounds come into play
+            for i in range(30):
+                t = batch + int(rng.integers(0, batch * width + 1))
+                ks = int(rng.integers(0, width + 1))
+                cm.observe(batch, t, ks, (1 + 0.05 * t + 0.1 * ks) * rng.lognormal(0, 0.1))
+        survival = np.cumprod(rng.uniform(0.05, 1.0, size=(batch, width)) ** rng.uniform(0.05, 1),
+                              axis=1)
+        ceilings = rng.integers(0, width + 1, size=batch) if trial % 3 == 0 else np.full(batch, width)
+        fixed = int(rng.integers(0, width + 1)) if trial % 5 == 0 else None
+        catchup = float(rng.integers(0, 300)) if trial % 4 == 0 else 0.0
+        decisions = []
+        for use_compiled in (True, False):
+            pol = GoodputPolicy(use_compiled=use_compiled)
+            decisions.append(pol.decide(survival, ceilings, float(batch + trial % 7), cm,
+                                        fixed_k_step=fixed, catchup_tokens=catchup))
+        fast, reference = decisions
+        assert fast.k_step == reference.k_step
+        assert fast.k.tolist() == reference.k.tolist()
+        assert fast.predicted_seconds == pytest.approx(reference.predicted_seconds, rel=1e-9)
+        assert fast.predicted_tokens == pytest.approx(reference.predicted_tokens, rel=1e-9)
+        checked += fast.k_step > 0
+    assert checked > 50  # most trials speculate, so the slot choice is compared
+
+
+def test_compiled_controller_matches_the_numpy_controller_step_for_step():
+    # The whole controller, compiled loops (policy and probe bookkeeping) vs
+    # NumPy paths, on the same traffic: requests whose drafts turn bad and
+    # good again (fallback, probes, recoveries), some with a ceiling of 0,
+    # requests joining and leaving, and the batch changing size.
+    from vllm_specplug.controller import compiled
+
+    pytest.importorskip("numba")
+    assert compiled.advance_probes is not None
+    controllers = [SpecController(ControllerSettings(max_k=6, use_compiled=flag))
+                   for flag in (True, False)]
+    rng = np.random.default_rng(3)
+    live: dict[str, float] = {}
+    next_id = 0
+    probes = 0
+    for step in range(600):
+        while len(live) < 24 or rng.random() < 0.05:
+            live[f"r{next_id}"] = float(rng.uniform(0.0, 0.95))
+            ceiling = 0 if next_id % 9 == 0 else None
+            for c in controllers:
+                c.add_request(f"r{next_id}", ceiling)
+            next_id += 1
+        if step % 50 == 0:  # the traffic turns: easy requests become hard and back
+            live = {r: 0.95 - a for r, a in live.items()}
+        batch = [r for r in live if rng.random() < 0.9]
+        plans = [c.plan(batch) for c in controllers]
+        assert plans[0].k_step == plans[1].k_step
+        assert plans[0].k.tolist() == plans[1].k.tolist()
+        accepted = [min(int(rng.geometric(1 - live[r])) - 1, int(k))
+                    for r, k in zip(batch, plans[0].k)]
+        tokens = len(batch) + int(plans[0].k.sum())
+        seconds = (0.05 + 0.004 * tokens + 0.01 * plans[0].k_step) * rng.lognormal(0, 0.05)
+        for c in controllers:
+            c.observe_verifications(batch, plans[0].k.tolist(), accepted)
+            c.observe_step(len(batch), tokens, plans[0].k_step, seconds)
+        for r in list(live):
+            if rng.random() < 0.01:
+                del live[r]
+                for c in controllers:
+                    c.finish_request(r)
+    fast, reference = (c.stats for c in controllers)
+    assert (fast.probes_sent, fast.probes_succeeded, fast.recoveries) == (
+        reference.probes_sent, reference.probes_succeeded, reference.recoveries)
+    assert fast.k_histogram == reference.k_histogram
+    assert fast.probes_sent > 20 and fast.recoveries > 0 and fast.fallback_request_steps > 0

@@ -1,4 +1,8 @@
-"""The adaptive-K controller: plain Python and NumPy, no vLLM import."""
+"""The adaptive-K controller: plain Python and NumPy, no vLLM import.
+
+Its per-step loops are compiled with numba when it is installed (see
+``compiled``); the NumPy paths are the fallback and the reference.
+"""
 
 from vllm_specplug.controller.controller import (
     ControllerSettings,

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from vllm_specplug.controller import compiled
 from vllm_specplug.controller.cost_model import CostPrior, StepCostModel
 from vllm_specplug.controller.estimator import AcceptanceEstimator
 from vllm_specplug.controller.policy import (
@@ -33,6 +34,9 @@ class ControllerSettings:
     probe_k: int = 1
     probe_interval: int = 4
     probe_max_interval: int = 32
+    # The compiled loops of vllm_specplug.controller.compiled when numba is
+    # there (same decisions; tests turn them off to check the NumPy paths).
+    use_compiled: bool = True
 
 
 @dataclass
@@ -73,9 +77,11 @@ class SpecController:
             forgetting=settings.forgetting,
             prior_strength=settings.prior_strength,
             initial_acceptance=settings.initial_acceptance,
+            use_compiled=settings.use_compiled,
         )
         self.cost = StepCostModel(cost_prior, forgetting=settings.cost_forgetting)
-        self.goodput = GoodputPolicy(min_gain=settings.min_gain)
+        self.goodput = GoodputPolicy(min_gain=settings.min_gain,
+                                     use_compiled=settings.use_compiled)
         static_k = settings.max_k if settings.static_k is None else settings.static_k
         self.static = StaticPolicy(static_k)
         self.heuristic = HeuristicPolicy(initial_k=settings.max_k, max_k=settings.max_k)
@@ -87,6 +93,7 @@ class SpecController:
         self._since_plain = 0
         self._anchor_left = 0
         self._anchor_interval = self.PLAIN_ANCHOR_FIRST
+        self._due_buffer = np.empty(0, dtype=np.int64)
         self._alloc(self.estimator.capacity)
         self.stats = ControllerStats(k_counts=np.zeros(settings.max_k + 1, dtype=np.int64))
         self.last_decision: Decision | None = None
@@ -216,8 +223,8 @@ class SpecController:
         rows = np.array(rows, dtype=np.intp)
         drafted = np.asarray(drafted, dtype=np.int64)
         accepted = np.asarray(accepted, dtype=np.int64)
-        if drafted.min(initial=1) <= 0:
-            keep = drafted > 0
+        keep = drafted > 0
+        if np.count_nonzero(keep) < keep.size:
             rows, drafted, accepted = rows[keep], drafted[keep], accepted[keep]
         if rows.size == 0:
             return
@@ -225,10 +232,10 @@ class SpecController:
         self.estimator.observe_rows(rows, drafted, accepted)
         if self.settings.policy == "heuristic":
             self.heuristic.observe(rows, drafted, accepted)
-        self.stats.drafted += int(drafted.sum())
-        self.stats.accepted += int(accepted.sum())
+        self.stats.drafted += int(np.add.reduce(drafted))
+        self.stats.accepted += int(np.add.reduce(accepted))
         probing = self._probing[rows] != 0
-        if probing.any():
+        if np.count_nonzero(probing):
             ok = accepted >= drafted
             probe_rows = rows[probing]
             self._probing[probe_rows] = False
@@ -322,10 +329,41 @@ class SpecController:
         batch, or when the draft pass costs more than good drafts could
         return, the answer is no and nothing is probed.
         """
-        s = self.settings
         k = decision.k
         if not self._any_dirty and np.count_nonzero(k) == k.size:
             return  # everyone speculates and nobody carries probe state
+        now = self.stats.steps
+        due_idx = self._advance_probe_state(rows, ceilings, k, now)
+        if due_idx.size and self._probe_can_pay(rows, ceilings, due_idx, base_tokens,
+                                                fixed_k_step):
+            due_rows = rows[due_idx]
+            probe_k = np.minimum(self._probe_size[due_rows], ceilings[due_idx])
+            k[due_idx] = probe_k
+            self._probing[due_rows] = 1
+            self._fallback_steps[due_rows] = 0
+            self._probe_at[due_rows] = now
+            self.stats.probes_sent += int(due_idx.size)
+            if fixed_k_step is None:
+                decision.k_step = max(decision.k_step, *probe_k.tolist())
+        self._any_dirty = bool(np.count_nonzero(self._dirty))
+
+    def _advance_probe_state(self, rows: np.ndarray, ceilings: np.ndarray, k: np.ndarray,
+                             now: int) -> np.ndarray:
+        """One step of every request's probe state; returns the batch positions due a probe.
+
+        Compiled (``compiled.advance_probes``) when numba is there; this
+        NumPy form is the reference the tests compare it with.
+        """
+        s = self.settings
+        if s.use_compiled and compiled.advance_probes is not None:
+            due = self._due_buffer
+            if due.size < rows.size:
+                due = self._due_buffer = np.empty(2 * rows.size, dtype=np.int64)
+            n_due, recoveries = compiled.advance_probes(
+                k, ceilings, rows, self._probe_state, self._dirty, now, s.probe_k,
+                s.probe_interval, s.probe_max_interval, self.PROBE_TIMEOUT, due)
+            self.stats.recoveries += recoveries
+            return due[:n_due]
         fallback = k == 0
         if self._last_n_off:
             fallback &= ceilings > 0
@@ -335,8 +373,7 @@ class SpecController:
         # (np.count_nonzero and .nonzero() rather than .any() and
         # np.flatnonzero: a fraction of the per-call overhead.)
         if not np.count_nonzero(touched):
-            return
-        now = self.stats.steps
+            return touched.nonzero()[0]
         idx = touched.nonzero()[0]  # positions in the batch
         sub = rows[idx]
         fallback = fallback[idx]
@@ -362,26 +399,14 @@ class SpecController:
                 last_ok[expired] = False
         waiting = fallback & ~probing
         steps += waiting
-        # After an accepted probe the next one is due at once (waiting rows
-        # have waited at least the step just counted).
-        due = waiting & ((steps >= backoff) | last_ok)
-        if np.count_nonzero(due):
-            due_idx = idx[due]
-            if self._probe_can_pay(rows, ceilings, due_idx, base_tokens, fixed_k_step):
-                probe_k = np.minimum(size[due], ceilings[due_idx])
-                k[due_idx] = probe_k
-                probing |= due
-                steps[due] = 0
-                probe_at[due] = now
-                self.stats.probes_sent += int(due_idx.size)
-                if fixed_k_step is None:
-                    decision.k_step = max(decision.k_step, *probe_k.tolist())
         in_fallback[:] = fallback
         probing_col[:] = probing
         last_ok_col[:] = last_ok
         self._probe_state[sub] = state
         self._dirty[sub] = fallback | probing | last_ok
-        self._any_dirty = bool(np.count_nonzero(self._dirty))
+        # After an accepted probe the next one is due at once (waiting rows
+        # have waited at least the step just counted).
+        return idx[waiting & ((steps >= backoff) | last_ok)]
 
     # A plain step (K_step=0) at least this often while speculating: the
     # first after PLAIN_ANCHOR_FIRST steps, then doubling up to _MAX.

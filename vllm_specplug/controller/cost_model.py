@@ -171,6 +171,10 @@ class StepCostModel:
             out.append(max(pred - optimism * math.sqrt(max(var, 0.0)), 0.5 * pred))
         return out
 
+    def reduced_terms(self, batch: float) -> tuple:
+        """(a0, a_tok, a_pass, covariance terms) at this batch size; see predict_lower."""
+        return self._reduced(batch)
+
     def linear_terms(self, batch: float) -> tuple[float, float, float]:
         """Step seconds at this batch size as a0 + a_tok * tokens + a_pass * K_step."""
         a0, a1, a2, _ = self._reduced(batch)

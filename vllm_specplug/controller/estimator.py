@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from vllm_specplug.controller import compiled
+
 
 class AcceptanceEstimator:
     def __init__(
@@ -34,10 +36,14 @@ class AcceptanceEstimator:
         prior_strength: float = 2.0,
         initial_acceptance: float = 0.6,
         initial_capacity: int = 64,
+        use_compiled: bool = True,
     ) -> None:
         if max_positions < 1:
             raise ValueError("max_positions must be >= 1")
         self.max_positions = max_positions
+        # The compiled survival refresh (vllm_specplug.controller.compiled)
+        # when numba is there; the NumPy path is the reference.
+        self.use_compiled = use_compiled
         self.forgetting = forgetting
         self.global_forgetting = global_forgetting
         self.prior_strength = prior_strength
@@ -46,11 +52,15 @@ class AcceptanceEstimator:
         # a few dozen observations replace it.
         self._global_prior_trials = 4.0
 
-        self._succ = np.zeros((initial_capacity, max_positions))
-        self._trials = np.zeros((initial_capacity, max_positions))
+        # Forgotten successes and trials, per row and position, in one table
+        # (_succ and _trials are views of it) so a step's update is one
+        # gather and one scatter.
+        self._counts = np.zeros((initial_capacity, 2, max_positions))
+        self._succ, self._trials = self._counts[:, 0], self._counts[:, 1]
         self._surv = np.zeros((initial_capacity, max_positions))
-        self._global_succ = np.zeros(max_positions)
-        self._global_trials = np.zeros(max_positions)
+        # Pooled over all requests: successes, trials.
+        self._global = np.zeros((2, max_positions))
+        self._ones = np.ones(initial_capacity)
         self._rows: dict[str, int] = {}
         self._free_rows: list[int] = list(range(initial_capacity - 1, -1, -1))
         self._positions = np.arange(max_positions)
@@ -69,10 +79,9 @@ class AcceptanceEstimator:
         if not self._free_rows:
             self._grow()
         row = self._free_rows.pop()
-        self._succ[row] = 0.0
-        self._trials[row] = 0.0
+        self._counts[row] = 0.0
         self._rows[req_id] = row
-        self._surv[row] = self._compute_survival(np.array([row]), self._surv_profile)[0]
+        self._refresh_survival(np.array([row], dtype=np.intp))
         return row
 
     def remove(self, req_id: str) -> None:
@@ -86,7 +95,7 @@ class AcceptanceEstimator:
     @property
     def capacity(self) -> int:
         """Rows allocated; every row index handed out is below this."""
-        return self._succ.shape[0]
+        return self._counts.shape[0]
 
     def __contains__(self, req_id: str) -> bool:
         return req_id in self._rows
@@ -95,11 +104,12 @@ class AcceptanceEstimator:
         return len(self._rows)
 
     def _grow(self) -> None:
-        old = self._succ.shape[0]
+        old = self._counts.shape[0]
         new = old * 2
-        self._succ = np.concatenate([self._succ, np.zeros_like(self._succ)])
-        self._trials = np.concatenate([self._trials, np.zeros_like(self._trials)])
+        self._counts = np.concatenate([self._counts, np.zeros_like(self._counts)])
+        self._succ, self._trials = self._counts[:, 0], self._counts[:, 1]
         self._surv = np.concatenate([self._surv, np.zeros_like(self._surv)])
+        self._ones = np.ones(new)
         self._free_rows.extend(range(new - 1, old - 1, -1))
 
     # A request's estimate is refreshed whenever it is observed; the others
@@ -123,32 +133,35 @@ class AcceptanceEstimator:
         ``rows`` must be distinct (one verification per request per step).
         Rows that drafted nothing are left untouched: no trial, no forgetting.
         """
-        if drafted.min(initial=1) <= 0:
-            keep = drafted > 0
+        keep = drafted > 0
+        if np.count_nonzero(keep) < keep.size:
             rows, drafted, accepted = rows[keep], drafted[keep], accepted[keep]
-        if rows.size == 0:
+        n = rows.size
+        if n == 0:
             return
         drafted = np.minimum(drafted, self.max_positions)
         accepted = np.minimum(np.maximum(accepted, 0), drafted)
         pos = self._positions[None, :]
-        successes = pos < accepted[:, None]
-        # Position ``accepted`` (0-based) is the first rejection, if any;
+        # outcome[:, 0]: successes (positions before the first rejection);
+        # outcome[:, 1]: trials (those and the first rejection, if any);
         # positions after it were never tested (censored).
-        tested = pos < np.minimum(accepted + 1, drafted)[:, None]
-        f = self.forgetting
-        self._succ[rows] = self._succ[rows] * f + successes
-        self._trials[rows] = self._trials[rows] * f + tested
-        g = self.global_forgetting ** rows.size
-        self._global_succ = self._global_succ * g + successes.sum(axis=0)
-        self._global_trials = self._global_trials * g + tested.sum(axis=0)
+        outcome = np.empty((n, 2, self.max_positions))
+        np.less(pos, accepted[:, None], out=outcome[:, 0])
+        np.less(pos, np.minimum(accepted + 1, drafted)[:, None], out=outcome[:, 1])
+        self._counts[rows] = self._counts[rows] * self.forgetting + outcome
+        g = self.global_forgetting ** n
+        pooled = self._ones[:n] @ outcome.reshape(n, -1)
+        self._global = self._global * g + pooled.reshape(2, -1)
         self._profile = None
         profile = self.global_profile()
-        if np.abs(profile - self._surv_profile).max() > self.PROFILE_TOLERANCE:
+        # (Compared as lists: eight positions, cheaper than array calls.)
+        moved = max(abs(a - b) for a, b in zip(self._profile_list, self._surv_profile.tolist()))
+        if moved > self.PROFILE_TOLERANCE:
             # The pooled profile every request shrinks toward has moved:
             # refresh every live row, not only the ones just observed.
             self._surv_profile = profile
             rows = np.fromiter(self._rows.values(), dtype=np.intp, count=len(self._rows))
-        self._surv[rows] = self._compute_survival(rows, self._surv_profile)
+        self._refresh_survival(rows)
 
     # -- estimates ---------------------------------------------------------
     def global_profile(self) -> np.ndarray:
@@ -161,13 +174,13 @@ class AcceptanceEstimator:
         if self._profile is not None:
             return self._profile
         m = self._global_prior_trials
-        succ = self._global_succ.tolist()
-        trials = self._global_trials.tolist()
+        succ, trials = self._global.tolist()
         g = []
         prior = self.initial_acceptance
         for p in range(self.max_positions):
             prior = (succ[p] + m * prior) / (trials[p] + m)
             g.append(prior)
+        self._profile_list = g
         self._profile = np.array(g)
         return self._profile
 
@@ -207,6 +220,14 @@ class AcceptanceEstimator:
     # that no two requests hold exactly equal values: a policy that cuts the
     # table at a threshold then selects exactly the slots it counted.
     TIE_BREAK = 1e-12
+
+    def _refresh_survival(self, rows: np.ndarray) -> None:
+        """Recompute the cached survival table for ``rows`` (after new data or a new profile)."""
+        if self.use_compiled and compiled.refresh_survival is not None:
+            compiled.refresh_survival(self._counts, rows, self._surv_profile, self._prior_share,
+                                      float(self.prior_strength), self.TIE_BREAK, self._surv)
+        else:
+            self._surv[rows] = self._compute_survival(rows, self._surv_profile)
 
     def _compute_survival(self, rows: np.ndarray, g: np.ndarray) -> np.ndarray:
         surv = np.cumprod(self._compute_conditional(rows, g), axis=1)

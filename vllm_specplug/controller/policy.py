@@ -19,6 +19,7 @@ from itertools import accumulate
 
 import numpy as np
 
+from vllm_specplug.controller import compiled
 from vllm_specplug.controller.cost_model import StepCostModel
 from vllm_specplug.controller.estimator import AcceptanceEstimator
 
@@ -64,14 +65,15 @@ class GoodputPolicy:
     """
 
     name = "goodput"
-    ROUNDS = 2
+    ROUNDS = 1
     # A draft catch-up is paid once and buys speculation for as long as the
     # drafts stay good; a plan is charged this many steps' share of it.  It
     # replaces the draft passes the skipped steps did not run, so over the
     # gap it costs less than vLLM's always-on first pass did.
     CATCHUP_AMORTIZATION_STEPS = 8
 
-    def __init__(self, min_gain: float = 0.02, optimism: float = 1.0) -> None:
+    def __init__(self, min_gain: float = 0.02, optimism: float = 1.0,
+                 use_compiled: bool = True) -> None:
         # Speculation must promise at least this relative gain over plain
         # decoding; keeps noise in the estimates from flapping near 1.0x.
         self.min_gain = min_gain
@@ -81,6 +83,9 @@ class GoodputPolicy:
         self._ones = np.ones(0)
         self._positions_cache: dict = {}
         self._catchup_share = 0.0
+        # The compiled loop (vllm_specplug.controller.compiled) when numba is
+        # there; tests switch it off to check the NumPy path against it.
+        self.use_compiled = use_compiled
 
     def decide(
         self,
@@ -109,9 +114,19 @@ class GoodputPolicy:
                                / self.CATCHUP_AMORTIZATION_STEPS if catchup_tokens > 0 else 0.0)
         prefill_s = a_tok * max(base_tokens - batch, 0.0)
         t_plain = a0 + a_tok * batch  # a decode-only plain step
+        lam = batch / t_plain if t_plain > 0 else 0.0
+        if self.use_compiled and compiled.best_plan is not None:
+            b0, b1, b2, cov = cost.reduced_terms(batch)
+            k = np.empty(batch, dtype=np.int64)
+            j, tokens, n, seconds = compiled.best_plan(
+                np.ascontiguousarray(s, dtype=np.float64),
+                -1 if fixed_k_step is None else int(fixed_k_step), self.ROUNDS, lam,
+                b0, b1, b2, t_plain, self._catchup_share,
+                self.optimism if cost.calibrated else 0.0, *cov, k)
+            return self._finish(j, tokens, n, seconds, k, batch, t_plain, prefill_s,
+                                fixed_k_step)
         # take[r, p] = 1.0 where slot (r, p) is granted; s * take beside it.
         buf = self._buffer(batch, width)
-        lam = batch / t_plain if t_plain > 0 else 0.0
         for _ in range(self.ROUNDS):
             j, tokens, n, seconds = self._best_j(s, buf, fixed_k_step, lam, a0, a_tok, a_pass,
                                                  batch, t_plain, cost, optimistic=False)
@@ -121,16 +136,19 @@ class GoodputPolicy:
             lam = rate
         j, tokens, n, seconds = self._best_j(s, buf, fixed_k_step, lam, a0, a_tok, a_pass,
                                              batch, t_plain, cost, optimistic=True)
+        # The last _best_j left the chosen slots (at this lam) in buf.
+        k = (buf[0, :, :j] @ self._ones[:j]).astype(np.int64) if n > 0 else None
+        return self._finish(j, tokens, n, seconds, k, batch, t_plain, prefill_s, fixed_k_step)
+
+    def _finish(self, j, tokens, n, seconds, k, batch, t_plain, prefill_s, fixed_k_step):
+        """The Decision for the best plan found: plain decoding unless it pays enough."""
         plain_rate = batch / t_plain if t_plain > 0 else 0.0
         if (fixed_k_step is None and j > 0 and seconds > 0
                 and tokens / seconds < plain_rate * (1.0 + self.min_gain)):
             j, tokens, n, seconds = 0, float(batch), 0, t_plain
         if n == 0 and fixed_k_step is None:
             j = 0
-        if n > 0:
-            # The last _best_j left the chosen slots (at this lam) in buf.
-            k = (buf[0, :, :j] @ self._ones[:j]).astype(np.int64)
-        else:
+        if n == 0:
             k = np.zeros(batch, dtype=np.int64)
             if fixed_k_step is None:
                 seconds, tokens = t_plain, float(batch)
@@ -170,20 +188,19 @@ class GoodputPolicy:
         else:
             js = (fixed_k_step,)
             n_cum, gain_cum = [n_cum[fixed_k_step]], [gain_cum[fixed_k_step]]
-        tokens = [batch + n for n in n_cum]
         if optimistic:
-            seconds = cost.predict_lower(batch, tokens, js, self.optimism)
+            seconds = cost.predict_lower(batch, [batch + n for n in n_cum], js, self.optimism)
             if js[0] == 0:
                 seconds[0] = t_plain  # plain decoding is judged at its point estimate
         else:
-            seconds = [a0 + a_tok * t + a_pass * j for t, j in zip(tokens, js)]
+            seconds = [t_plain + a_tok * n + a_pass * j for n, j in zip(n_cum, js)]
         share = self._catchup_share
         if share > 0:
             seconds = [sec + share if j > 0 else sec for sec, j in zip(seconds, js)]
-        seconds = [sec if sec > 1e-12 else 1e-12 for sec in seconds]
-        nets = [g - lam * (sec - t_plain) for g, sec in zip(gain_cum, seconds)]
+        nets = [g - lam * ((sec if sec > 1e-12 else 1e-12) - t_plain)
+                for g, sec in zip(gain_cum, seconds)]
         i = nets.index(max(nets))  # the first best, as argmax would
-        return js[i], batch + gain_cum[i], int(n_cum[i]), seconds[i]
+        return js[i], batch + gain_cum[i], int(n_cum[i]), max(seconds[i], 1e-12)
 
     def _buffer(self, batch: int, width: int) -> np.ndarray:
         """A (2, batch, width) scratch table; one allocation per width, grown by doubling."""
