@@ -5,9 +5,7 @@ Engines run in single-process mode (``VLLM_ENABLE_V1_MULTIPROCESSING=0``,
 at ``llm.llm_engine.engine_core.engine_core.scheduler``.
 """
 
-import contextlib
 import os
-import sys
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -47,29 +45,10 @@ def make_llm(model, speculative=None, adaptive=True, specplug=None, **kw):
             if specplug is not None:
                 args["additional_config"] = {"specplug": specplug}
     args.update(kw)
-    with _llvmlite_hidden():
-        return LLM(**args)
-
-
-@contextlib.contextmanager
-def _llvmlite_hidden():
-    """Hide llvmlite's modules from ``sys.modules`` while an engine starts.
-
-    vLLM's n-gram proposer imports numba, and llvmlite's binding module holds
-    an object (``ffi.lib``) whose ``__dict__`` is not a dict.  vLLM CPU's
-    Triton-override scan at engine start (``triton_utils/dispatcher.py``,
-    ``vars(value).get("kernel")`` over every module) then crashes, so any
-    engine started after an n-gram engine in the same process fails.  One
-    engine per process (every real deployment) never hits it; a test
-    session does.  Nothing is unloaded: the modules stay referenced and are
-    put back as they were.
-    """
-    hidden = {name: sys.modules.pop(name) for name in list(sys.modules)
-              if name == "llvmlite" or name.startswith("llvmlite.")}
-    try:
-        yield
-    finally:
-        sys.modules.update(hidden)
+    # A second engine in this process works once numba is imported because
+    # the plugin patches vLLM's kernel-override scan
+    # (vllm_specplug/patches/kernel_override_scan.py).
+    return LLM(**args)
 
 
 def scheduler_of(llm):

