@@ -443,9 +443,7 @@ def test_cost_model_separates_the_cost_of_speculating_at_all():
         return 0.33 + (0.14 + 0.36 * k if k > 0 else 0.0)
 
     cm = StepCostModel(CostPrior.for_platform("cpu", "model", 0.33), forgetting=0.99)
-    # Plain steps first (an engine's first decode steps, or a fallback), then
-    # mostly speculating with a plain step now and then.
-    ks = [0] * 6 + [8, 8, 1, 8, 8, 8, 0, 8] * 12
+    ks = [0] + [8, 8, 1, 8, 8, 8, 0, 8] * 12  # mostly speculating, a plain step now and then
     for k in ks:
         cm.observe(1, 1 + k, k, true_seconds(k))
     assert cm.predict(1, 1, 0) == pytest.approx(0.33, rel=0.05)

@@ -36,9 +36,10 @@ coefficients; it is a running estimate from those steps' excess over the
 fitted model, and the rest of the step joins the fit as usual.
 
 Timing is noisy and can be garbage (a stalled clock, a GC pause); a sample
-that is not finite or not positive is dropped, and after warm-up a sample's
-relative error is clipped to a band scaled by the running error (dropped
-when it lies far outside it), so one outlier cannot swing K.
+that is not finite or not positive is dropped, and after warm-up a sample
+slower than predicted is clipped to a band scaled by the running error
+(dropped when it lies far above it), so one stall cannot swing K.  Faster
+than predicted is kept: pauses only ever slow a step.
 """
 
 from __future__ import annotations
@@ -293,24 +294,24 @@ class StepCostModel:
             # run of outliers widen the band until they passed unclipped).
             self._rel_hist.append(abs(rel))
             self._rel_scale = statistics.median(self._rel_hist)
-            if abs(rel) > bound:
+            if rel > bound:
                 self.num_rejected += 1
-                if abs(rel) > 2.0 * bound:
-                    # Far outside the band: a stall or a clock jump, not what
+                if rel > 2.0 * bound:
+                    # Far above the band: a stall or a clock jump, not what
                     # the step cost.  Even clipped, each such sample pushes
                     # the fit the same way (stalls are only ever slow), and
                     # in directions that few steps excite (long drafts while
                     # most steps are plain) it stays pushed.  Dropped; a real
                     # change in cost persists, widens the band (the median
-                    # above) and is then fitted.  (Keeping every step faster
-                    # than predicted was tried: in one real --quick run the
-                    # learned repeat then speculated more, 0.78x of plain on
-                    # code against 0.95x without it.  A suspected cause, not
-                    # verified: prefill-heavy steps, cheaper per token than
-                    # verification, pull the per-token cost down.)
+                    # above) and is then fitted.
                     return False
-                rel = max(-bound, min(rel, bound))
-                seconds = pred * (1.0 + rel)
+                seconds = pred * (1.0 + bound)
+            # A step faster than predicted is kept as measured: stalls and
+            # pauses only ever slow a step, so a fast one says the model is
+            # wrong there.  That is how plain steps among speculative ones
+            # correct the predicted plain step (they were once dropped as
+            # "outliers" against a fit made of speculative steps, and plain
+            # decoding stayed predicted 40% slower than it was).
         if self.num_observations == 0:
             # Before any residual is seen, assume a tenth of a step.
             self._resid_var = (0.1 * seconds) ** 2
