@@ -431,26 +431,3 @@ def test_compiled_controller_matches_the_numpy_controller_step_for_step():
         reference.probes_sent, reference.probes_succeeded, reference.recoveries)
     assert fast.k_histogram == reference.k_histogram
     assert fast.probes_sent > 20 and fast.recoveries > 0 and fast.fallback_request_steps > 0
-
-
-def test_cost_model_separates_the_cost_of_speculating_at_all():
-    # Measured on this CPU with the Qwen pair: a plain step 0.33 s, K=1 0.83 s,
-    # K=8 3.36 s, i.e. a fixed cost of speculating on top of a per-slot cost.
-    # A line in K_step through the speculative steps crosses K=0 at 0.47 s; the
-    # model must still predict a plain step at its measured cost, or
-    # speculation looks 40% better against plain decoding than it is.
-    def true_seconds(k):
-        return 0.33 + (0.14 + 0.36 * k if k > 0 else 0.0)
-
-    cm = StepCostModel(CostPrior.for_platform("cpu", "model", 0.33), forgetting=0.99)
-    ks = [0] + [8, 8, 1, 8, 8, 8, 0, 8] * 12  # mostly speculating, a plain step now and then
-    for k in ks:
-        cm.observe(1, 1 + k, k, true_seconds(k))
-    assert cm.predict(1, 1, 0) == pytest.approx(0.33, rel=0.05)
-    assert cm.predict(1, 9, 8) == pytest.approx(true_seconds(8), rel=0.05)
-    assert cm.predict(1, 2, 1) == pytest.approx(true_seconds(1), rel=0.1)
-    assert cm.speculation_overhead() > 0.07
-    # The policy, with every draft accepted, now prefers plain decoding:
-    # 9 tokens in 3.35 s is slower than one every 0.33 s.
-    d = GoodputPolicy().decide(np.ones((1, 8)) - 1e-9, np.array([8]), 1.0, cm)
-    assert d.k_step == 0

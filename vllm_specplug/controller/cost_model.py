@@ -6,8 +6,7 @@ the proposer's work for the next step, which grows with the number of draft
 positions ``K_step`` it runs (a draft model runs ``K_step`` passes over the
 batch; n-gram lookup costs almost nothing).  We model
 
-    t = c0 + cB * B + cT * T + cK * K_step + cBK * B * K_step + cS * [K_step > 0]
-        (+ cU * U)
+    t = c0 + cB * B + cT * T + cK * K_step + cBK * B * K_step  (+ cU * U)
 
 and fit it by exponentially forgotten ridge regression toward a prior.  The
 prior has no device constants: it is a *shape* (relative costs, e.g. "a
@@ -16,15 +15,6 @@ draft_params/target_params of a target pass"), scaled by the first step time
 actually measured.  The ridge term keeps directions that the data does not
 excite (e.g. ``K_step`` never varied yet) at the prior instead of letting
 them drift.
-
-cS is what a speculative step costs beyond its tokens and draft passes (the
-rejection sampler, the draft's first pass over the accepted tokens, the
-spec-decode bookkeeping).  Without it the step time is forced onto a line in
-K_step whose intercept, the predicted plain step, sits where the speculative
-steps point: on this CPU with the Qwen pair a K=1 step costs 0.83 s and a
-K=8 step 3.36 s, a line through them crosses K=0 at 0.47 s, and a plain step
-costs 0.33 s.  Speculation then looked 40% better against plain decoding
-than it was.
 
 U is the number of tokens a draft model catches up on in a step (with
 zero-cost fallback it skips K_step=0 steps and processes the skipped tokens
@@ -36,10 +26,9 @@ coefficients; it is a running estimate from those steps' excess over the
 fitted model, and the rest of the step joins the fit as usual.
 
 Timing is noisy and can be garbage (a stalled clock, a GC pause); a sample
-that is not finite or not positive is dropped, and after warm-up a sample
-slower than predicted is clipped to a band scaled by the running error
-(dropped when it lies far above it), so one stall cannot swing K.  Faster
-than predicted is kept: pauses only ever slow a step.
+that is not finite or not positive is dropped, and after warm-up a sample's
+relative error is clipped to a band scaled by the running error (dropped
+when it lies far outside it), so one outlier cannot swing K.
 """
 
 from __future__ import annotations
@@ -51,7 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-FEATURES = ("intercept", "batch", "tokens", "k_step", "batch_x_k_step", "speculating")
+FEATURES = ("intercept", "batch", "tokens", "k_step", "batch_x_k_step")
 
 
 @dataclass(frozen=True)
@@ -64,7 +53,6 @@ class CostPrior:
     per_draft_pass: float = 0.0
     per_draft_token: float = 0.0
     per_catchup_token: float = 0.0
-    per_speculative_step: float = 0.0
     # Pseudo-observations behind the prior: small, so data wins quickly.
     strength: float = 0.5
 
@@ -76,7 +64,6 @@ class CostPrior:
                 self.per_token,
                 self.per_draft_pass,
                 self.per_draft_token,
-                self.per_speculative_step,
             ]
         )
 
@@ -119,7 +106,7 @@ class CostPrior:
 
 
 def features(batch: float, tokens: float, k_step: float) -> np.ndarray:
-    return np.array([1.0, batch, tokens, k_step, batch * k_step, 1.0 if k_step > 0 else 0.0])
+    return np.array([1.0, batch, tokens, k_step, batch * k_step])
 
 
 class StepCostModel:
@@ -179,8 +166,6 @@ class StepCostModel:
         and measures, instead of trusting the prior forever.  Where data is
         plentiful the bound is tight and this changes nothing.  Plain Python
         over a few candidates (one per K_step) is cheaper than array calls.
-        The speculation overhead cS is not included: the policy adds it
-        to every K_step > 0 (with its share of a draft catch-up).
         """
         # For a fixed batch the five features are linear in (1, tokens,
         # k_step): x = P @ (1, tokens, k_step).  theta and the covariance
@@ -200,10 +185,6 @@ class StepCostModel:
         """(a0, a_tok, a_pass, covariance terms) at this batch size; see predict_lower."""
         return self._reduced(batch)
 
-    def speculation_overhead(self) -> float:
-        """cS: seconds a step costs for speculating at all (K_step > 0)."""
-        return float(self._theta[5])
-
     def linear_terms(self, batch: float) -> tuple[float, float, float]:
         """Step seconds at this batch size as a0 + a_tok * tokens + a_pass * K_step."""
         a0, a1, a2, _ = self._reduced(batch)
@@ -211,9 +192,6 @@ class StepCostModel:
 
     def _reduced(self, batch: float) -> tuple:
         """theta and the covariance reduced to (1, tokens, k_step), as floats.
-
-        Without the speculation overhead cS (see ``speculation_overhead``),
-        which callers add to every K_step > 0.
 
         The reduction is x = P @ (1, tokens, k_step) with P's columns
         e0 + B e1, e2 and e3 + B e4; written out in scalars because it is
@@ -223,7 +201,7 @@ class StepCostModel:
         cached = self._reduced_cache.get(batch)
         if cached is None:
             b = float(batch)
-            t0, t1, t2, t3, t4 = self._theta.tolist()[:5]
+            t0, t1, t2, t3, t4 = self._theta.tolist()
             c = self._covariance().tolist()
             # u . C . v for the reduced directions u, v.
             c00 = c[0][0] + 2.0 * b * c[0][1] + b * b * c[1][1]
@@ -294,10 +272,10 @@ class StepCostModel:
             # run of outliers widen the band until they passed unclipped).
             self._rel_hist.append(abs(rel))
             self._rel_scale = statistics.median(self._rel_hist)
-            if rel > bound:
+            if abs(rel) > bound:
                 self.num_rejected += 1
-                if rel > 2.0 * bound:
-                    # Far above the band: a stall or a clock jump, not what
+                if abs(rel) > 2.0 * bound:
+                    # Far outside the band: a stall or a clock jump, not what
                     # the step cost.  Even clipped, each such sample pushes
                     # the fit the same way (stalls are only ever slow), and
                     # in directions that few steps excite (long drafts while
@@ -305,13 +283,8 @@ class StepCostModel:
                     # change in cost persists, widens the band (the median
                     # above) and is then fitted.
                     return False
-                seconds = pred * (1.0 + bound)
-            # A step faster than predicted is kept as measured: stalls and
-            # pauses only ever slow a step, so a fast one says the model is
-            # wrong there.  That is how plain steps among speculative ones
-            # correct the predicted plain step (they were once dropped as
-            # "outliers" against a fit made of speculative steps, and plain
-            # decoding stayed predicted 40% slower than it was).
+                rel = max(-bound, min(rel, bound))
+                seconds = pred * (1.0 + rel)
         if self.num_observations == 0:
             # Before any residual is seen, assume a tenth of a step.
             self._resid_var = (0.1 * seconds) ** 2

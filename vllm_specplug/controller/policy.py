@@ -82,7 +82,7 @@ class GoodputPolicy:
         self._cache: dict = {}  # width -> scratch table (see _buffer)
         self._ones = np.ones(0)
         self._positions_cache: dict = {}
-        self._spec_surcharge = 0.0
+        self._catchup_share = 0.0
         # The compiled loop (vllm_specplug.controller.compiled) when numba is
         # there; tests switch it off to check the NumPy path against it.
         self.use_compiled = use_compiled
@@ -110,11 +110,8 @@ class GoodputPolicy:
         if capped:
             s = np.where(self._positions(width) < ceilings[:, None], s, 0.0)
         a0, a_tok, a_pass = cost.linear_terms(batch)
-        # Every K_step > 0 pays the cost model's speculation overhead and, when
-        # the draft must catch up first, a share of that.
-        self._spec_surcharge = cost.speculation_overhead() + (
-            cost.catchup_seconds(catchup_tokens, batch) / self.CATCHUP_AMORTIZATION_STEPS
-            if catchup_tokens > 0 else 0.0)
+        self._catchup_share = (cost.catchup_seconds(catchup_tokens, batch)
+                               / self.CATCHUP_AMORTIZATION_STEPS if catchup_tokens > 0 else 0.0)
         prefill_s = a_tok * max(base_tokens - batch, 0.0)
         t_plain = a0 + a_tok * batch  # a decode-only plain step
         lam = batch / t_plain if t_plain > 0 else 0.0
@@ -124,7 +121,7 @@ class GoodputPolicy:
             j, tokens, n, seconds = compiled.best_plan(
                 np.ascontiguousarray(s, dtype=np.float64),
                 -1 if fixed_k_step is None else int(fixed_k_step), self.ROUNDS, lam,
-                b0, b1, b2, t_plain, self._spec_surcharge,
+                b0, b1, b2, t_plain, self._catchup_share,
                 self.optimism if cost.calibrated else 0.0, *cov, k)
             return self._finish(j, tokens, n, seconds, k, batch, t_plain, prefill_s,
                                 fixed_k_step)
@@ -197,7 +194,7 @@ class GoodputPolicy:
                 seconds[0] = t_plain  # plain decoding is judged at its point estimate
         else:
             seconds = [t_plain + a_tok * n + a_pass * j for n, j in zip(n_cum, js)]
-        share = self._spec_surcharge
+        share = self._catchup_share
         if share > 0:
             seconds = [sec + share if j > 0 else sec for sec, j in zip(seconds, js)]
         nets = [g - lam * ((sec if sec > 1e-12 else 1e-12) - t_plain)
