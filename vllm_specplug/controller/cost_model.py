@@ -83,16 +83,6 @@ class CostPrior:
         per_request = 0.05 if platform == "cpu" else 0.005
         if draft_kind == "model":
             ratio = 0.5 * min(max(draft_size_ratio, 0.02), 1.0)
-            if platform == "cpu":
-                # vLLM's CPU runner is eager: a forward pass has a fixed
-                # cost (Python, kernel dispatch, sampling) that a small
-                # draft pays as much as its target.  Measured here: a pass
-                # of Qwen2.5-0.5B costs about 0.9 of a Qwen2.5-1.5B pass,
-                # not its size ratio (0.33).  Half a target pass is still
-                # optimistic, so the controller keeps trying drafts where
-                # they might pay; a third of that made its first steps
-                # speculate where plain decoding was faster.
-                ratio = max(ratio, 0.5)
             return cls(
                 per_token=per_token,
                 per_request=per_request,
