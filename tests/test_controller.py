@@ -400,7 +400,6 @@ def test_compiled_controller_matches_the_numpy_controller_step_for_step():
     rng = np.random.default_rng(3)
     live: dict[str, float] = {}
     next_id = 0
-    probes = 0
     for step in range(600):
         while len(live) < 24 or rng.random() < 0.05:
             live[f"r{next_id}"] = float(rng.uniform(0.0, 0.95))
