@@ -306,7 +306,7 @@ def test_catch_up_cost_is_learned_from_the_excess_and_priced_into_plans():
     assert d.predicted_seconds > pol.decide(good, ceilings, 2.0, cm).predicted_seconds
 
 
-def best_rate_by_enumeration(survival, a0, a_tok, a_pass):
+def best_rate_by_enumeration(survival, a0, a_tok, a_pass, knee=np.inf, knee_slope=0.0):
     """The best decode rate over every plan a threshold policy could choose.
 
     For each K_step j, the slots worth taking are the most likely ones among
@@ -314,11 +314,12 @@ def best_rate_by_enumeration(survival, a0, a_tok, a_pass):
     n of every j finds the optimum of tokens / seconds.
     """
     batch, width = survival.shape
-    best = batch / (a0 + a_tok * batch)  # plain decoding
+    best = batch / (a0 + a_tok * batch + knee_slope * max(batch - knee, 0))  # plain decoding
     for j in range(1, width + 1):
         values = np.sort(survival[:, :j].ravel())[::-1]
         n = np.arange(1, values.size + 1)
-        rates = (batch + np.cumsum(values)) / (a0 + a_tok * (batch + n) + a_pass * j)
+        rates = (batch + np.cumsum(values)) / (a0 + a_tok * (batch + n) + a_pass * j
+                                                + knee_slope * np.maximum(batch + n - knee, 0))
         best = max(best, rates.max())
     return best
 
@@ -347,6 +348,51 @@ def test_goodput_plan_is_near_the_best_rate_and_consistent(seed):
     assert d.predicted_tokens == pytest.approx(expected)
 
 
+@pytest.mark.parametrize("seed", range(8))
+def test_goodput_plan_is_near_the_best_rate_with_a_cost_knee(seed):
+    # Past the cost model's knee (a GPU's roofline ridge) a token costs more:
+    # the plan fills the step up to the knee with the slots worth the lower
+    # price, then takes only those worth the higher one.
+    rng = np.random.default_rng(100 + seed)
+    batch, width = int(rng.integers(2, 96)), int(rng.integers(1, 9))
+    cm = StepCostModel(CostPrior(intercept=1.0, per_request=0.0,
+                                 per_token=rng.uniform(0.0005, 0.01),
+                                 per_draft_pass=rng.uniform(0.0, 0.2)))
+    cm.knee = float(batch + rng.integers(0, batch * width))
+    cm.knee_slope = float(rng.uniform(0.01, 0.2))
+    survival = np.cumprod(rng.uniform(0.3, 1.0, size=(batch, width)), axis=1)
+    d = GoodputPolicy(min_gain=0.0).decide(survival, np.full(batch, width), float(batch), cm)
+    a0, a_tok, a_pass = cm.linear_terms(batch)
+    best = best_rate_by_enumeration(survival, a0, a_tok, a_pass, cm.knee, cm.knee_slope)
+    assert d.predicted_tokens / d.predicted_seconds >= 0.99 * best
+    expected = len(d.k) + sum(survival[r, : d.k[r]].sum() for r in range(batch))
+    assert d.predicted_tokens == pytest.approx(expected)
+
+
+def test_cost_model_finds_a_roofline_knee_and_stays_linear_without_one():
+    rng = np.random.default_rng(5)
+
+    def fit(step_seconds):
+        cm = StepCostModel(CostPrior(intercept=1.0, per_request=0.0, per_token=0.02))
+        for _ in range(300):
+            batch = int(rng.integers(8, 65))
+            k_step = int(rng.integers(0, 5))
+            tokens = batch * (1 + k_step) + int(rng.choice([0, 0, 0, 256]))  # some prefill
+            cm.observe(batch, tokens, k_step,
+                       step_seconds(tokens, k_step) * rng.lognormal(0, 0.03))
+        return cm
+
+    # Memory-bound (flat) up to a ridge at 150 tokens, compute-bound past it.
+    roofline = fit(lambda t, k: 0.002 + max(0.010, 0.010 * t / 150) + 0.0003 * k)
+    assert roofline.knee is not None and 150 / 1.5 <= roofline.knee <= 150 * 1.5
+    for tokens in (40, 120, 200, 400):
+        truth = 0.002 + max(0.010, 0.010 * tokens / 150) + 0.0003
+        assert roofline.predict(32, tokens, 1) == pytest.approx(truth, rel=0.1)
+    # A CPU: compute-bound from the first token, one slope: no knee.
+    linear = fit(lambda t, k: 0.05 + 0.004 * t + 0.01 * k)
+    assert linear.knee is None
+
+
 def test_compiled_policy_loop_matches_the_numpy_path():
     # vllm_specplug.controller.compiled (numba, which comes with vLLM) and the
     # NumPy path must make the same decisions: fixed and free K_step, capped
@@ -356,7 +402,7 @@ def test_compiled_policy_loop_matches_the_numpy_path():
     pytest.importorskip("numba")
     assert compiled.best_plan is not None, "numba is installed but the loop did not compile"
     rng = np.random.default_rng(7)
-    checked = 0
+    checked = knee_bound = 0
     for trial in range(300):
         batch, width = int(rng.integers(1, 80)), int(rng.integers(1, 9))
         cm = StepCostModel(CostPrior(intercept=1.0, per_request=rng.uniform(0, 0.05),
@@ -367,6 +413,9 @@ def test_compiled_policy_loop_matches_the_numpy_path():
                 t = batch + int(rng.integers(0, batch * width + 1))
                 ks = int(rng.integers(0, width + 1))
                 cm.observe(batch, t, ks, (1 + 0.05 * t + 0.1 * ks) * rng.lognormal(0, 0.1))
+        if trial % 3 == 1:  # a roofline knee somewhere in the plans' range (or before)
+            cm.knee = float(rng.integers(0, 2 * batch * width + 2))
+            cm.knee_slope = float(rng.uniform(0.001, 0.5))
         survival = np.cumprod(rng.uniform(0.05, 1.0, size=(batch, width)) ** rng.uniform(0.05, 1),
                               axis=1)
         ceilings = rng.integers(0, width + 1, size=batch) if trial % 3 == 0 else np.full(batch, width)
@@ -377,6 +426,7 @@ def test_compiled_policy_loop_matches_the_numpy_path():
             pol = GoodputPolicy(use_compiled=use_compiled)
             decisions.append(pol.decide(survival, ceilings, float(batch + trial % 7), cm,
                                         fixed_k_step=fixed, catchup_tokens=catchup))
+            knee_bound += pol._threshold is not None
         fast, reference = decisions
         assert fast.k_step == reference.k_step
         assert fast.k.tolist() == reference.k.tolist()
@@ -384,6 +434,7 @@ def test_compiled_policy_loop_matches_the_numpy_path():
         assert fast.predicted_tokens == pytest.approx(reference.predicted_tokens, rel=1e-9)
         checked += fast.k_step > 0
     assert checked > 50  # most trials speculate, so the slot choice is compared
+    assert knee_bound > 20  # and in many of them the knee limited the slots
 
 
 def test_compiled_controller_matches_the_numpy_controller_step_for_step():
@@ -416,7 +467,10 @@ def test_compiled_controller_matches_the_numpy_controller_step_for_step():
         accepted = [min(int(rng.geometric(1 - live[r])) - 1, int(k))
                     for r, k in zip(batch, plans[0].k)]
         tokens = len(batch) + int(plans[0].k.sum())
-        seconds = (0.05 + 0.004 * tokens + 0.01 * plans[0].k_step) * rng.lognormal(0, 0.05)
+        # A roofline knee at 30 tokens: the cost model adopts it (asserted
+        # below), so the knee-bound plans are compared too.
+        seconds = (0.05 + 0.004 * tokens + 0.02 * max(tokens - 30, 0)
+                   + 0.01 * plans[0].k_step) * rng.lognormal(0, 0.05)
         for c in controllers:
             c.observe_verifications(batch, plans[0].k.tolist(), accepted)
             c.observe_step(len(batch), tokens, plans[0].k_step, seconds)
@@ -430,3 +484,4 @@ def test_compiled_controller_matches_the_numpy_controller_step_for_step():
         reference.probes_sent, reference.probes_succeeded, reference.recoveries)
     assert fast.k_histogram == reference.k_histogram
     assert fast.probes_sent > 20 and fast.recoveries > 0 and fast.fallback_request_steps > 0
+    assert controllers[0].cost.knee is not None

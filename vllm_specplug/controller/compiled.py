@@ -41,21 +41,27 @@ if os.environ.get("VLLM_SPECPLUG_NUMBA", "1") != "0":
 
         @numba.njit(cache=True, nogil=True)
         def _best_plan(s, fixed_k_step, rounds, lam, a0, a_tok, a_pass, t_plain, share,
-                       optimism, c00, c01, c02, c11, c12, c22, k_out):
+                       optimism, c00, c01, c02, c11, c12, c22, room, knee_slope, k_out):
             """GoodputPolicy.decide's Dinkelbach rounds and final plan, in one loop.
 
-            Same arithmetic as the NumPy path (``GoodputPolicy._best_j`` and
-            ``StepCostModel.predict_lower``): ``rounds`` rounds at point
-            estimates, then the plan at lower confidence bounds.  Fills
-            ``k_out`` with each request's slots and returns (K_step, expected
-            tokens, slots, decode seconds).
+            Same arithmetic as the NumPy path (``GoodputPolicy._best_j``,
+            ``_knee_plans`` and ``StepCostModel.predict_lower``): ``rounds``
+            rounds at point estimates, then the plan at lower confidence
+            bounds.  ``room``: tokens the step can add before the cost
+            model's knee, past which a token costs ``knee_slope`` more.
+            Fills ``k_out`` with each request's slots and returns (K_step,
+            expected tokens, slots, decode seconds).
             """
             batch, width = s.shape
             n_cum = np.zeros(width + 1)
             gain_cum = np.zeros(width + 1)
+            thr = np.zeros(width + 1)
+            vals = np.empty(batch * width)
+            poss = np.empty(batch * width, dtype=np.int64)
             j_lo = 0 if fixed_k_step < 0 else fixed_k_step
             j_hi = width if fixed_k_step < 0 else fixed_k_step
-            best_j, best_tokens, best_n, best_sec = 0, 0.0, 0.0, 0.0
+            past0 = max(-room, 0.0)
+            best_j, best_tokens, best_n, best_sec, best_thr = 0, 0.0, 0.0, 0.0, 0.0
             r = 0
             while True:
                 optimistic = r == rounds
@@ -69,6 +75,51 @@ if os.environ.get("VLLM_SPECPLUG_NUMBA", "1") != "0":
                             gain += v
                     n_cum[p + 1] = n_cum[p] + count
                     gain_cum[p + 1] = gain_cum[p] + gain
+                    thr[p + 1] = bar if bar > 0 else 0.0
+                if knee_slope > 0 and room < n_cum[width]:
+                    # _knee_plans: the worth slots by survival, largest first.
+                    bar_hi = lam * (a_tok + knee_slope)
+                    m = 0
+                    for b in range(batch):
+                        for p in range(width):
+                            v = s[b, p]
+                            if (v >= bar) if bar > 0 else (v > 0.0):
+                                vals[m] = -v
+                                poss[m] = p
+                                m += 1
+                    order = np.argsort(vals[:m], kind="mergesort")
+                    for j in range(max(j_lo, 1), j_hi + 1):
+                        n_lo = 0
+                        n_hi = 0
+                        for i in range(m):
+                            if poss[order[i]] < j:
+                                n_lo += 1
+                                if -vals[order[i]] >= bar_hi:
+                                    n_hi += 1
+                        if room >= n_lo:
+                            n = n_lo
+                        else:
+                            n = max(n_hi, int(max(room, 0.0)))
+                        if n < n_lo:
+                            gain, t, taken = 0.0, np.inf, 0
+                            for i in range(m):
+                                if taken == n:
+                                    break
+                                if poss[order[i]] < j:
+                                    gain += -vals[order[i]]
+                                    t = -vals[order[i]]
+                                    taken += 1
+                            gain_cum[j] = gain
+                            thr[j] = t
+                        elif n > 0:
+                            t = np.inf
+                            for i in range(m):
+                                if poss[order[i]] < j:
+                                    t = -vals[order[i]]
+                            thr[j] = t
+                        else:
+                            thr[j] = np.inf
+                        n_cum[j] = n
                 best_net = -np.inf
                 for j in range(j_lo, j_hi + 1):
                     tokens = batch + n_cum[j]
@@ -82,6 +133,8 @@ if os.environ.get("VLLM_SPECPLUG_NUMBA", "1") != "0":
                             var = (c00 + tokens * (2.0 * c01 + c11 * tokens)
                                    + j * (2.0 * c02 + c22 * j + (2.0 * c12) * tokens))
                             sec = max(sec - optimism * math.sqrt(max(var, 0.0)), 0.5 * sec)
+                    if knee_slope > 0 and j > 0:
+                        sec += knee_slope * (max(n_cum[j] - room, 0.0) - past0)
                     if share > 0 and j > 0:
                         sec += share
                     sec = max(sec, 1e-12)
@@ -89,6 +142,7 @@ if os.environ.get("VLLM_SPECPLUG_NUMBA", "1") != "0":
                     if net > best_net:
                         best_net = net
                         best_j, best_tokens, best_n, best_sec = j, batch + gain_cum[j], n_cum[j], sec
+                        best_thr = thr[j]
                 if optimistic:
                     break
                 rate = best_tokens / best_sec if best_sec > 0 else 0.0
@@ -97,12 +151,11 @@ if os.environ.get("VLLM_SPECPLUG_NUMBA", "1") != "0":
                 else:
                     lam = rate
                     r += 1
-            bar = lam * a_tok
             for b in range(batch):
                 count_b = 0
                 for p in range(best_j):
                     v = s[b, p]
-                    if (v >= bar) if bar > 0 else (v > 0.0):
+                    if v > 0.0 and v >= best_thr:
                         count_b += 1
                 k_out[b] = count_b
             return best_j, best_tokens, int(best_n), best_sec
@@ -175,7 +228,7 @@ if os.environ.get("VLLM_SPECPLUG_NUMBA", "1") != "0":
             # Compile (or load from the cache) now, at start-up, not inside
             # the first scheduled step.
             _best_plan(np.ones((1, 1)), -1, 1, 1.0, 1.0, 0.1, 0.1, 1.1, 0.0, 1.0,
-                       0.0, 0.0, 0.0, 0.0, 0.0, 0.0, np.zeros(1, dtype=np.int64))
+                       0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1e300, 0.0, np.zeros(1, dtype=np.int64))
             _advance_probes(np.zeros(1, dtype=np.int64), np.ones(1, dtype=np.int64),
                             np.zeros(1, dtype=np.intp), np.zeros((1, 7), dtype=np.int64),
                             np.zeros(1, dtype=bool), 0, 1, 4, 32, 3,

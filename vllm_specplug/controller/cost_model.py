@@ -25,6 +25,22 @@ fit, where one noisy catch-up step could trade its cost against the other
 coefficients; it is a running estimate from those steps' excess over the
 fitted model, and the rest of the step joins the fit as usual.
 
+On a GPU the target's forward pass is memory-bound at small batches (extra
+tokens are nearly free) and compute-bound past the roofline's ridge (each
+token costs its FLOPs), so step time is piecewise linear in T with a knee
+whose place depends on the model and the device.  A single slope averages
+the two regimes: it makes drafts look expensive in decode-only steps and
+cheap in steps that carry a prefill chunk.  So the model may add
+
+    + cH * max(T - knee, 0)
+
+with the knee chosen from a fixed grid of candidates by how much it lowers
+the fit's (forgetting-weighted) squared error; the candidates' sufficient
+statistics are kept beside the main ones, so choosing costs one batched
+6x6 solve every ``KNEE_EVERY`` steps.  A knee is adopted only when it cuts
+the error by a clear margin (``KNEE_GAIN``); otherwise (a CPU, compute-bound
+from the first token) the model stays linear.
+
 Timing is noisy and can be garbage (a stalled clock, a GC pause); a sample
 that is not finite or not positive is dropped, and after warm-up a sample's
 relative error is clipped to a band scaled by the running error (dropped
@@ -41,6 +57,9 @@ from dataclasses import dataclass
 import numpy as np
 
 FEATURES = ("intercept", "batch", "tokens", "k_step", "batch_x_k_step")
+# Candidate knees of the step time in tokens (see the module docstring):
+# 8 to ~11600, a factor sqrt(2) apart.
+KNEES = np.array(sorted({int(round(8 * 2 ** (i / 2))) for i in range(22)}), dtype=float)
 
 
 @dataclass(frozen=True)
@@ -126,6 +145,16 @@ class StepCostModel:
         self.num_rejected = 0
         self._catchup_per_token = self.prior.per_catchup_token
         self.num_catchups = 0
+        # The knee (None: linear in tokens) and the slope added past it, and
+        # each candidate knee's statistics: sum x*h, sum h*h, sum h*y with
+        # h = max(tokens - knee, 0), and sum y*y, all forgotten like _xtx.
+        self.knee: float | None = None
+        self.knee_slope = 0.0
+        self._knee_idx = -1
+        self._hx = np.zeros((KNEES.size, n))
+        self._hh = np.zeros(KNEES.size)
+        self._hy = np.zeros(KNEES.size)
+        self._yy = 0.0
 
     @property
     def theta(self) -> np.ndarray:
@@ -137,7 +166,19 @@ class StepCostModel:
 
     def predict(self, batch: float, tokens: float, k_step: float, catchup: float = 0.0) -> float:
         return (float(features(batch, tokens, k_step) @ self._theta)
-                + self.catchup_seconds(catchup, batch))
+                + self.knee_seconds(tokens) + self.catchup_seconds(catchup, batch))
+
+    def knee_seconds(self, tokens: float) -> float:
+        """The step time added past the knee (0 while the model is linear)."""
+        if self.knee is None or tokens <= self.knee:
+            return 0.0
+        return self.knee_slope * (tokens - self.knee)
+
+    def knee_terms(self) -> tuple[float, float]:
+        """(knee, extra seconds per token past it); (inf, 0) while linear."""
+        if self.knee is None:
+            return math.inf, 0.0
+        return self.knee, self.knee_slope
 
     def catchup_seconds(self, tokens: float, batch: float = 1.0) -> float:
         """Predicted seconds of a draft catch-up pass over ``tokens`` tokens."""
@@ -149,6 +190,8 @@ class StepCostModel:
     def predict_lower(self, batch: float, tokens, k_steps, optimism: float = 0.0) -> list:
         """Predicted seconds for many candidate plans at once (lists of floats).
 
+        Linear terms only: the knee (``knee_terms``) depends on the whole
+        step's tokens, prefill included, which the policy adds itself.
         With ``optimism > 0`` this is a lower confidence bound: the
         prediction minus ``optimism`` standard errors of the fit.  Plans the
         data has not covered yet (more drafts than ever tried) look a little
@@ -248,9 +291,10 @@ class StepCostModel:
         if catchup > 0:
             # Learn the catch-up's price from the step's excess, then fit the
             # rest of the step as usual.
-            self._observe_catchup(float(x @ self._theta), seconds, catchup)
+            self._observe_catchup(float(x @ self._theta) + self.knee_seconds(tokens),
+                                  seconds, catchup)
             seconds = max(seconds - self._catchup_per_token * catchup, 0.5 * seconds)
-        pred = float(x @ self._theta)
+        pred = float(x @ self._theta) + self.knee_seconds(tokens)
         if pred > 0:
             # Huber-style: clip the relative residual to a few times its own
             # running scale, so a GC pause or a stalled clock moves the fit
@@ -285,13 +329,93 @@ class StepCostModel:
         lam = self.forgetting
         self._xtx = lam * self._xtx + np.outer(x, x)
         self._xty = lam * self._xty + x * seconds
+        h = np.maximum(float(tokens) - KNEES, 0.0)
+        self._hx = lam * self._hx + np.outer(h, x)
+        self._hh = lam * self._hh + h * h
+        self._hy = lam * self._hy + h * seconds
+        self._yy = lam * self._yy + seconds * seconds
         self.num_observations += 1
-        fitted = self._solve_nonnegative(self._xtx + self._ridge,
-                                         self._xty + self._ridge @ self._theta0)
-        if fitted is not None:
-            self._theta, inv = fitted
-            self._cov = self._resid_var * inv
+        if (self.num_observations >= self.KNEE_MIN_OBS
+                and self.num_observations % self.KNEE_EVERY == 0):
+            self._choose_knee()
+        self._refit()
         return True
+
+    # A knee is looked for once this many steps are in, then every KNEE_EVERY
+    # steps, and adopted when it leaves at most KNEE_GAIN of the linear
+    # fit's squared error (a spurious knee in noise gains a few percent).
+    KNEE_MIN_OBS = 24
+    KNEE_EVERY = 16
+    KNEE_GAIN = 0.7
+
+    def _system(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """The ridge system with candidate knee ``i`` (-1: linear)."""
+        a = self._xtx + self._ridge
+        b = self._xty + self._ridge @ self._theta0
+        if i < 0:
+            return a, b
+        n = len(FEATURES)
+        a6 = np.empty((n + 1, n + 1))
+        a6[:n, :n] = a
+        a6[n, :n] = a6[:n, n] = self._hx[i]
+        a6[n, n] = self._hh[i] + self.prior.strength
+        return a6, np.append(b, self._hy[i])
+
+    def _refit(self) -> None:
+        fitted = self._solve_nonnegative(*self._system(self._knee_idx))
+        if fitted is None:
+            return
+        theta, inv = fitted
+        n = len(FEATURES)
+        if self._knee_idx >= 0:
+            self.knee_slope = float(theta[n])
+            theta, inv = theta[:n], inv[:n, :n]
+        self._theta = theta
+        self._cov = self._resid_var * inv
+
+    def _choose_knee(self) -> None:
+        """Keep, drop or move the knee by the fits' squared errors."""
+        n = len(FEATURES)
+        # Unconstrained fits, linear and with each knee, compared by their
+        # squared error (the fit used afterwards keeps slopes >= 0).
+        try:
+            theta = np.linalg.solve(*self._system(-1))
+        except np.linalg.LinAlgError:
+            return
+        best_err = self._yy - 2.0 * theta @ self._xty + theta @ self._xtx @ theta
+        best = -1
+        # All candidates at once: (m, 6, 6) systems, one batched solve.
+        a = np.zeros((KNEES.size, n + 1, n + 1))
+        a[:, :n, :n] = self._xtx + self._ridge
+        a[:, n, :n] = a[:, :n, n] = self._hx
+        a[:, n, n] = self._hh + self.prior.strength
+        b = np.zeros((KNEES.size, n + 1))
+        b[:, :n] = self._xty + self._ridge @ self._theta0
+        b[:, n] = self._hy
+        try:
+            thetas = np.linalg.solve(a, b[..., None])[..., 0]
+        except np.linalg.LinAlgError:
+            return
+        # Squared error on the data alone (without the ridge's pseudo-rows).
+        data = a.copy()
+        data[:, :n, :n] -= self._ridge
+        data[:, n, n] -= self.prior.strength
+        data_b = b.copy()
+        data_b[:, :n] -= self._ridge @ self._theta0
+        errs = (self._yy - 2.0 * np.einsum("ij,ij->i", thetas, data_b)
+                + np.einsum("ij,ijk,ik->i", thetas, data, thetas))
+        # A knee must add cost (convex: past the ridge tokens cost more).
+        ok = (thetas[:, n] > 0) & np.isfinite(errs)
+        if ok.any():
+            i = int(np.argmin(np.where(ok, errs, np.inf)))
+            if errs[i] < self.KNEE_GAIN * best_err:
+                best = i
+        if best != self._knee_idx:
+            self._knee_idx = best
+            self.knee = None if best < 0 else float(KNEES[best])
+            self.knee_slope = 0.0
+            self._reduced_cache.clear()
+            self._cov = None
 
     @staticmethod
     def _solve_nonnegative(a: np.ndarray, b: np.ndarray):

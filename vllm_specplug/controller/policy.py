@@ -14,6 +14,7 @@ the proposer runs), with ``k[r] <= K_step <= max_k``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from itertools import accumulate
 
@@ -57,6 +58,12 @@ class GoodputPolicy:
     start from plain decoding's rate, take the best plan's rate, repeat; it
     converges to the best achievable rate in a few rounds.
 
+    When the cost model has found a knee (a GPU's roofline ridge: past it a
+    token costs ``knee_slope`` more), the bar is two-tiered: a slot worth the
+    higher price is always taken, and below the knee, which the step's
+    prefill tokens bring closer, the most likely of the slots worth the lower
+    price fill the room that is left (``_knee_plans``).
+
     Rates count decode work only: prefill tokens in the same step cost the
     same time whatever is drafted, so they do not lower the bar for drafts.
     Step times for the final choice of j are lower confidence bounds of the
@@ -83,6 +90,8 @@ class GoodputPolicy:
         self._ones = np.ones(0)
         self._positions_cache: dict = {}
         self._catchup_share = 0.0
+        self._knee = (math.inf, 0.0)
+        self._threshold = None
         # The compiled loop (vllm_specplug.controller.compiled) when numba is
         # there; tests switch it off to check the NumPy path against it.
         self.use_compiled = use_compiled
@@ -112,8 +121,19 @@ class GoodputPolicy:
         a0, a_tok, a_pass = cost.linear_terms(batch)
         self._catchup_share = (cost.catchup_seconds(catchup_tokens, batch)
                                / self.CATCHUP_AMORTIZATION_STEPS if catchup_tokens > 0 else 0.0)
+        # Past the cost model's knee (if any) a token costs knee_slope more;
+        # room: tokens this step can still add before it (negative when the
+        # step's prefill is already past it).
+        knee, knee_slope = cost.knee_terms()
+        room = knee - base_tokens if knee_slope > 0 else math.inf
         prefill_s = a_tok * max(base_tokens - batch, 0.0)
         t_plain = a0 + a_tok * batch  # a decode-only plain step
+        if knee_slope > 0:
+            # Split the plain step's knee term between decode and prefill.
+            decode_knee = knee_slope * max(batch - knee, 0.0)
+            t_plain += decode_knee
+            prefill_s += knee_slope * max(-room, 0.0) - decode_knee
+        self._knee = (room, knee_slope)
         lam = batch / t_plain if t_plain > 0 else 0.0
         if self.use_compiled and compiled.best_plan is not None:
             b0, b1, b2, cov = cost.reduced_terms(batch)
@@ -122,7 +142,8 @@ class GoodputPolicy:
                 np.ascontiguousarray(s, dtype=np.float64),
                 -1 if fixed_k_step is None else int(fixed_k_step), self.ROUNDS, lam,
                 b0, b1, b2, t_plain, self._catchup_share,
-                self.optimism if cost.calibrated else 0.0, *cov, k)
+                self.optimism if cost.calibrated else 0.0, *cov,
+                room if room < math.inf else 1e300, knee_slope, k)
             return self._finish(j, tokens, n, seconds, k, batch, t_plain, prefill_s,
                                 fixed_k_step)
         # take[r, p] = 1.0 where slot (r, p) is granted; s * take beside it.
@@ -136,8 +157,15 @@ class GoodputPolicy:
             lam = rate
         j, tokens, n, seconds = self._best_j(s, buf, fixed_k_step, lam, a0, a_tok, a_pass,
                                              batch, t_plain, cost, optimistic=True)
-        # The last _best_j left the chosen slots (at this lam) in buf.
-        k = (buf[0, :, :j] @ self._ones[:j]).astype(np.int64) if n > 0 else None
+        if n > 0 and self._threshold is not None:
+            # The knee bound: the plan takes the slots down to this survival.
+            top = s[:, :j]
+            k = np.count_nonzero((top >= self._threshold) & (top > 0.0), axis=1).astype(np.int64)
+        elif n > 0:
+            # The last _best_j left the chosen slots (at this lam) in buf.
+            k = (buf[0, :, :j] @ self._ones[:j]).astype(np.int64)
+        else:
+            k = None
         return self._finish(j, tokens, n, seconds, k, batch, t_plain, prefill_s, fixed_k_step)
 
     def _finish(self, j, tokens, n, seconds, k, batch, t_plain, prefill_s, fixed_k_step):
@@ -183,24 +211,65 @@ class GoodputPolicy:
         counts, gains = (self._ones[:batch] @ buf).tolist()
         n_cum = [0.0, *accumulate(counts)]
         gain_cum = [0.0, *accumulate(gains)]
+        room, knee_slope = self._knee
+        thresholds = None
+        if room < n_cum[-1]:
+            n_cum, gain_cum, thresholds = self._knee_plans(s, lam, a_tok, bar, n_cum, gain_cum)
         if fixed_k_step is None:
             js = range(len(n_cum))
         else:
             js = (fixed_k_step,)
             n_cum, gain_cum = [n_cum[fixed_k_step]], [gain_cum[fixed_k_step]]
+            if thresholds is not None:
+                thresholds = [thresholds[fixed_k_step]]
         if optimistic:
             seconds = cost.predict_lower(batch, [batch + n for n in n_cum], js, self.optimism)
             if js[0] == 0:
                 seconds[0] = t_plain  # plain decoding is judged at its point estimate
         else:
             seconds = [t_plain + a_tok * n + a_pass * j for n, j in zip(n_cum, js)]
+        if knee_slope > 0:
+            # The knee's extra seconds for n slots, beyond the plain step's.
+            past0 = max(-room, 0.0)
+            seconds = [sec + knee_slope * (max(n - room, 0.0) - past0) if j > 0 else sec
+                       for sec, n, j in zip(seconds, n_cum, js)]
         share = self._catchup_share
         if share > 0:
             seconds = [sec + share if j > 0 else sec for sec, j in zip(seconds, js)]
         nets = [g - lam * ((sec if sec > 1e-12 else 1e-12) - t_plain)
                 for g, sec in zip(gain_cum, seconds)]
         i = nets.index(max(nets))  # the first best, as argmax would
+        self._threshold = None if thresholds is None else thresholds[i]
         return js[i], batch + gain_cum[i], int(n_cum[i]), max(seconds[i], 1e-12)
+
+    def _knee_plans(self, s, lam, a_tok, bar, n_cum, gain_cum):
+        """Per K_step, the best slots when the step may cross the cost knee.
+
+        Below the knee a slot costs a_tok, past it a_tok + knee_slope.  Gains
+        taken in order of survival fall and costs rise, so the best number of
+        slots is where they cross: every slot worth the higher price, then
+        more, up to the knee, among those worth the lower price.  Returns
+        (slots, gains, survival threshold) per K_step; the slots are the
+        table's largest within positions < K_step.
+        """
+        room, knee_slope = self._knee
+        width = s.shape[1]
+        bar_hi = lam * (a_tok + knee_slope)
+        positions = np.broadcast_to(np.arange(width), s.shape)
+        worth = (s >= bar) & (s > 0.0) if bar > 0 else s > 0.0
+        vals, pos = s[worth], positions[worth]
+        order = np.argsort(-vals, kind="stable")
+        vals, pos = vals[order], pos[order]
+        n_out, g_out, thr_out = [0.0], [0.0], [math.inf]
+        for j in range(1, width + 1):
+            mine = vals[pos < j]
+            n_lo = mine.size
+            n_hi = int(np.count_nonzero(mine >= bar_hi))
+            n = n_lo if room >= n_lo else max(n_hi, int(max(room, 0.0)))
+            n_out.append(float(n))
+            g_out.append(float(mine[:n].sum()) if n < n_lo else gain_cum[j])
+            thr_out.append(float(mine[n - 1]) if n > 0 else math.inf)
+        return n_out, g_out, thr_out
 
     def _buffer(self, batch: int, width: int) -> np.ndarray:
         """A (2, batch, width) scratch table; one allocation per width, grown by doubling."""
