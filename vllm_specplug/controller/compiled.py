@@ -139,6 +139,9 @@ if os.environ.get("VLLM_SPECPLUG_NUMBA", "1") != "0":
                         sec += share
                     sec = max(sec, 1e-12)
                     net = gain_cum[j] - lam * (sec - t_plain)
+                    if (fixed_k_step < 0 and j > 0 and n_cum[j] == n_cum[j - 1]
+                            and gain_cum[j] == gain_cum[j - 1]):
+                        net = -np.inf  # a draft pass for no slot (see _best_j)
                     if net > best_net:
                         best_net = net
                         best_j, best_tokens, best_n, best_sec = j, batch + gain_cum[j], n_cum[j], sec

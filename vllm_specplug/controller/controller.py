@@ -294,11 +294,17 @@ class SpecController:
                 capped=self._last_capped,
             )
             self._catchup_tokens = catchup_tokens
-            self._apply_probes(rows, ceilings, decision,
-                               float(batch if base_tokens is None else base_tokens),
-                               fixed_k_step)
-            if fixed_k_step is None:
-                decision = self._maybe_plain_anchor(decision)
+            anchor = self._maybe_plain_anchor(decision) if fixed_k_step is None else decision
+            if anchor is decision:
+                self._apply_probes(rows, ceilings, decision,
+                                   float(batch if base_tokens is None else base_tokens),
+                                   fixed_k_step)
+            else:
+                # A plain anchor step: no probe goes out in it (a probe
+                # planned and then dropped by the anchor was never verified,
+                # timed out and counted as failed, doubling the request's
+                # back-off), and the step does not count as fallback.
+                decision = anchor
         if catchup_tokens and decision.k_step > 0:
             decision.predicted_seconds += self.cost.catchup_seconds(catchup_tokens, len(req_ids))
         self._account(rows, decision)

@@ -155,6 +155,8 @@ class StepCostModel:
         self._hh = np.zeros(KNEES.size)
         self._hy = np.zeros(KNEES.size)
         self._yy = 0.0
+        self._h_past = np.zeros(KNEES.size)  # forgotten count of steps past each knee
+        self._w = 0.0  # forgotten count of all steps
 
     @property
     def theta(self) -> np.ndarray:
@@ -333,6 +335,8 @@ class StepCostModel:
         self._hx = lam * self._hx + np.outer(h, x)
         self._hh = lam * self._hh + h * h
         self._hy = lam * self._hy + h * seconds
+        self._h_past = lam * self._h_past + (h > 0)
+        self._w = lam * self._w + 1.0
         self._yy = lam * self._yy + seconds * seconds
         self.num_observations += 1
         if (self.num_observations >= self.KNEE_MIN_OBS
@@ -341,12 +345,14 @@ class StepCostModel:
         self._refit()
         return True
 
+
     # A knee is looked for once this many steps are in, then every KNEE_EVERY
     # steps, and adopted when it leaves at most KNEE_GAIN of the linear
     # fit's squared error (a spurious knee in noise gains a few percent).
     KNEE_MIN_OBS = 24
     KNEE_EVERY = 16
     KNEE_GAIN = 0.7
+    KNEE_SIDE = 0.1
 
     def _system(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         """The ridge system with candidate knee ``i`` (-1: linear)."""
@@ -376,8 +382,12 @@ class StepCostModel:
     def _choose_knee(self) -> None:
         """Keep, drop or move the knee by the fits' squared errors."""
         n = len(FEATURES)
-        # Unconstrained fits, linear and with each knee, compared by their
-        # squared error (the fit used afterwards keeps slopes >= 0).
+        # Unconstrained ridge fits, linear and with each knee, compared by
+        # their squared error on the data.  With the prior in both, a knee
+        # wins when it explains the data better than the prior's shape can:
+        # where a step that verifies more drafts costs more, the prior puts
+        # it on the drafts' tokens and passes, and the data on both sides of
+        # a knee tells them apart.
         try:
             theta = np.linalg.solve(*self._system(-1))
         except np.linalg.LinAlgError:
@@ -404,8 +414,18 @@ class StepCostModel:
         data_b[:, :n] -= self._ridge @ self._theta0
         errs = (self._yy - 2.0 * np.einsum("ij,ij->i", thetas, data_b)
                 + np.einsum("ij,ijk,ik->i", thetas, data, thetas))
-        # A knee must add cost (convex: past the ridge tokens cost more).
-        ok = (thetas[:, n] > 0) & np.isfinite(errs)
+        # A knee must add cost (convex: past the ridge tokens cost more) and
+        # have steps clearly on both sides: at or below the candidate below
+        # it, and past the one above it.  A knee at the smallest step (the
+        # plain steps' tokens) is the linear model with its token slope
+        # split in two, half of it freed from the prior; it would win
+        # whenever the prior's token price is off.
+        side = self.KNEE_SIDE * self._w
+        below = np.zeros(KNEES.size)
+        below[1:] = self._w - self._h_past[:-1]
+        past = np.zeros(KNEES.size)
+        past[:-1] = self._h_past[1:]
+        ok = (thetas[:, n] > 0) & np.isfinite(errs) & (below >= side) & (past >= side)
         if ok.any():
             i = int(np.argmin(np.where(ok, errs, np.inf)))
             if errs[i] < self.KNEE_GAIN * best_err:

@@ -238,6 +238,13 @@ class GoodputPolicy:
             seconds = [sec + share if j > 0 else sec for sec, j in zip(seconds, js)]
         nets = [g - lam * ((sec if sec > 1e-12 else 1e-12) - t_plain)
                 for g, sec in zip(gain_cum, seconds)]
+        if fixed_k_step is None:
+            # A K_step whose last position holds no slot runs a draft pass
+            # for nothing; the optimistic bound, looser for longer drafts
+            # the data has not covered, could still rank it first.
+            for i in range(1, len(nets)):
+                if n_cum[i] == n_cum[i - 1] and gain_cum[i] == gain_cum[i - 1]:
+                    nets[i] = -math.inf
         i = nets.index(max(nets))  # the first best, as argmax would
         self._threshold = None if thresholds is None else thresholds[i]
         return js[i], batch + gain_cum[i], int(n_cum[i]), max(seconds[i], 1e-12)
