@@ -345,7 +345,6 @@ class StepCostModel:
         self._refit()
         return True
 
-
     # A knee is looked for once this many steps are in, then every KNEE_EVERY
     # steps, and adopted when it leaves at most KNEE_GAIN of the linear
     # fit's squared error (a spurious knee in noise gains a few percent).
