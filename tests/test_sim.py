@@ -148,7 +148,9 @@ def _cells(summary, setup, scenario):
 # reached today so that a regression fails CI, and prints every miss of the
 # target.
 TARGET = 0.97
-FLOOR = {"70b-1b": 0.85, "8b-eagle": 0.85, "cpu-qwen": 0.70}
+# (Raised with the cost model's roofline knee: the lowest cells here are 0.942
+# on the GPU setups and 0.917 on the CPU profile.)
+FLOOR = {"70b-1b": 0.92, "8b-eagle": 0.92, "cpu-qwen": 0.88}
 
 
 @pytest.mark.parametrize("setup", GPU_SETUPS + ("cpu-qwen",))
