@@ -41,6 +41,14 @@ statistics are kept beside the main ones, so choosing costs one batched
 the error by a clear margin (``KNEE_GAIN``); otherwise (a CPU, compute-bound
 from the first token) the model stays linear.
 
+The line is fitted mostly on speculative steps, and a step that speculates
+at all pays costs that do not grow with K (the rejection sampler, the draft
+model's first pass over every scheduled token).  So the line extrapolates
+plain decoding, the comparison that decides whether to speculate, too slow;
+pure plain steps are measured against it and ``plain_factor`` says by how
+much (the policy prices plain decoding with it, speculative plans on the
+line).
+
 Timing is noisy and can be garbage (a stalled clock, a GC pause); a sample
 that is not finite or not positive is dropped, and after warm-up a sample's
 relative error is clipped to a band scaled by the running error (dropped

@@ -64,6 +64,11 @@ class GoodputPolicy:
     prefill tokens bring closer, the most likely of the slots worth the lower
     price fill the room that is left (``_knee_plans``).
 
+    Plain decoding is priced at what plain steps measure (the fitted line
+    times ``StepCostModel.plain_factor``), speculative plans on the line: a
+    step that speculates at all pays a fixed extra the line puts partly on
+    plain decoding.
+
     Rates count decode work only: prefill tokens in the same step cost the
     same time whatever is drafted, so they do not lower the bar for drafts.
     Step times for the final choice of j are lower confidence bounds of the
