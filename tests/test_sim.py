@@ -122,6 +122,9 @@ def test_vllm_batch_table_semantics():
 # -- goodput vs best fixed choice, regret ---------------------------------------------
 POLICIES = ("plain", "static-1", "static-2", "static-4", "static-8", "goodput", "oracle")
 CONCURRENCY = (1, 64)
+# A cell's goodput moves by +-0.03 between seeds at c=64 (a probe or a plain
+# anchor more or less in a short window): the floors hold the mean of three.
+SEEDS = (0, 1, 2)
 
 
 @pytest.fixture(scope="module")
@@ -130,11 +133,11 @@ def sweep():
     K=0); the CPU profile with the zero-cost fallback, the only variant in
     which K=0 can match plain decoding there (today a K=0 step still pays a
     draft pass that alone costs more than the 3% margin)."""
-    specs = [CellSpec(setup, scen, pol, c, 0, **FAST)
+    specs = [CellSpec(setup, scen, pol, c, seed, **FAST)
              for setup in GPU_SETUPS for scen in SCENARIOS for c in CONCURRENCY
-             for pol in POLICIES]
-    specs += [CellSpec("cpu-qwen", scen, pol, c, 0, draft_at_k0=False, **FAST)
-              for scen in SCENARIOS for c in (1, 4) for pol in POLICIES]
+             for pol in POLICIES for seed in SEEDS]
+    specs += [CellSpec("cpu-qwen", scen, pol, c, seed, draft_at_k0=False, **FAST)
+              for scen in SCENARIOS for c in (1, 4) for pol in POLICIES for seed in SEEDS]
     return summarize(aggregate(run_sweep(specs, jobs=1, progress=False)))
 
 
@@ -142,15 +145,15 @@ def _cells(summary, setup, scenario):
     return [r for r in summary["rows"] if r["setup"] == setup and r["scenario"] == scenario]
 
 
-# The issue's target is goodput >= 0.97 x max(plain, best static K) in every
-# cell; the controller does not reach it yet in all of them (see
-# benchmarks/SIMULATOR.md, issue #8 stays open).  This test holds the floor
-# reached today so that a regression fails CI, and prints every miss of the
-# target.
+# The issue's target: goodput >= 0.97 x max(plain, best static K) in every
+# cell.  Every cell of this sweep (mean of three seeds) reaches it but one,
+# held at the floor it reaches today so that a regression fails CI (see
+# benchmarks/SIMULATOR.md; issue #8 stays open for it): 70b-1b easy at c=64,
+# 0.911, where the batch pays draft passes up to the longest draft a few
+# requests are granted (mean K_step 3.8 against mean k 2.2; the oracle's
+# 1.6 and 1.6).
 TARGET = 0.97
-# (Raised with the cost model's roofline knee: the lowest cells here are 0.942
-# on the GPU setups and 0.917 on the CPU profile.)
-FLOOR = {"70b-1b": 0.92, "8b-eagle": 0.92, "cpu-qwen": 0.88}
+KNOWN_MISSES = {("70b-1b", "easy", 64): 0.89}
 
 
 @pytest.mark.parametrize("setup", GPU_SETUPS + ("cpu-qwen",))
@@ -163,11 +166,14 @@ def test_goodput_against_best_fixed_choice(sweep, setup, scenario):
                 f"{r['goodput_vs_ref']:.3f} x max(plain {r['plain']:.4g}, static K="
                 f"{r['best_static_k']} {r['best_static']:.4g}); mean k {r['goodput_mean_k']:.2f}, "
                 f"mean K_step {r['goodput_mean_k_step']:.2f}")
+    floor = {r["concurrency"]: KNOWN_MISSES.get((setup, scenario, r["concurrency"]), TARGET)
+             for r in rows}
     misses = [describe(r) for r in rows if r["goodput_vs_ref"] < TARGET]
     if misses:
         print(f"\n{setup}/{scenario} below the {TARGET} target: " + "; ".join(misses))
-    bad = [describe(r) for r in rows if r["goodput_vs_ref"] < FLOOR[setup]]
-    assert not bad, f"{setup}/{scenario} below the floor {FLOOR[setup]}: " + "; ".join(bad)
+    bad = [f"{describe(r)} (floor {floor[r['concurrency']]})" for r in rows
+           if r["goodput_vs_ref"] < floor[r["concurrency"]]]
+    assert not bad, f"{setup}/{scenario}: " + "; ".join(bad)
 
 
 def test_regret_against_oracle_is_reported_and_bounded(sweep):
