@@ -427,6 +427,32 @@ def test_plain_steps_below_the_line_price_plain_decoding_and_stop_a_losing_k():
     assert GoodputPolicy().decide(survival, np.array([8]), 1.0, cm).k_step > 0
 
 
+def test_plain_anchors_repeat_until_a_pure_plain_step_is_measured():
+    # The anchors exist to measure plain decoding; one that lands on a step
+    # carrying a prefill chunk measures nothing, so the interval only grows
+    # once a pure plain step (no drafts verified or proposed) has been seen.
+    def anchors(extra_tokens):
+        ctrl = SpecController(ControllerSettings(max_k=4))
+        ids = ["a", "b"]
+        for r in ids:
+            ctrl.add_request(r)
+        rng, previous = np.random.default_rng(4), None
+        for _ in range(200):
+            d = ctrl.plan(ids)
+            verified = previous.k if previous is not None else np.zeros(2, dtype=int)
+            tokens = 2 + int(verified.sum()) + extra_tokens
+            ctrl.observe_verifications(ids, verified,
+                                       [simulate_verification(rng, 0.95, k) for k in verified])
+            ctrl.observe_step(2, tokens, d.k_step, true_step_seconds(2, tokens, d.k_step))
+            previous = d
+        return ctrl.stats.plain_anchors, ctrl.cost.num_plain
+
+    measured, n_plain = anchors(0)
+    assert n_plain > 0 and measured <= 6  # 8, 16, 32, 64, 64 steps apart
+    unmeasured, n_plain = anchors(32)  # every step carries a prefill chunk
+    assert n_plain == 0 and unmeasured >= 3 * measured
+
+
 def test_compiled_policy_loop_matches_the_numpy_path():
     # vllm_specplug.controller.compiled (numba, which comes with vLLM) and the
     # NumPy path must make the same decisions: fixed and free K_step, capped
