@@ -393,66 +393,6 @@ def test_cost_model_finds_a_roofline_knee_and_stays_linear_without_one():
     assert linear.knee is None
 
 
-def test_plain_steps_below_the_line_price_plain_decoding_and_stop_a_losing_k():
-    # Measured on the Qwen 1.5B/0.5B pair on this CPU (benchmarks/README.md):
-    # a step that speculates at all pays a fixed extra (rejection sampler,
-    # the draft's first pass over every scheduled token), so a line fitted
-    # through mostly speculative steps puts plain decoding too slow, and
-    # with nearly every draft accepted K=8 looked 1.1x faster than plain
-    # where it is 0.9x.  Plain steps now price plain decoding directly.
-    def truth(tokens, k_step):
-        return 0.20 + 0.17 * tokens + 0.15 * k_step + (0.08 if tokens > 1 or k_step else 0.0)
-
-    rng = np.random.default_rng(3)
-    cm = StepCostModel(CostPrior.for_platform("cpu", "model", 0.5 / 1.5))
-    for i in range(60):
-        k_step = 0 if i % 12 == 11 else int(rng.integers(2, 9))
-        verified = 0 if k_step == 0 else int(rng.integers(1, k_step + 1))
-        cm.observe(1, 1 + verified, k_step, truth(1 + verified, k_step) * rng.lognormal(0, 0.03))
-    a0, a_tok, _ = cm.linear_terms(1)
-    plain = truth(1, 0)
-    assert a0 + a_tok > 1.1 * plain  # the line alone: plain looks slower than it is
-    assert (a0 + a_tok) * cm.plain_factor() == pytest.approx(plain, rel=0.06)
-    assert cm.plain_factor() >= StepCostModel.PLAIN_FACTOR_MIN
-
-    # Drafts accepted 95% per position: K=8 yields 7.5 tokens a step, at
-    # 2.5 tokens/s against plain's 2.7.  Both paths must pick plain decoding.
-    survival = np.cumprod(np.full((1, 8), 0.95))[None, :]
-    for use_compiled in (True, False):
-        d = GoodputPolicy(use_compiled=use_compiled).decide(survival, np.array([8]), 1.0, cm)
-        assert d.k_step == 0 and d.k.tolist() == [0]
-        assert d.plain_seconds == pytest.approx(plain, rel=0.06)
-    # Without the plain measurements (the line alone) it would speculate.
-    cm.num_plain = 0
-    assert GoodputPolicy().decide(survival, np.array([8]), 1.0, cm).k_step > 0
-
-
-def test_plain_anchors_repeat_until_a_pure_plain_step_is_measured():
-    # The anchors exist to measure plain decoding; one that lands on a step
-    # carrying a prefill chunk measures nothing, so the interval only grows
-    # once a pure plain step (no drafts verified or proposed) has been seen.
-    def anchors(extra_tokens):
-        ctrl = SpecController(ControllerSettings(max_k=4))
-        ids = ["a", "b"]
-        for r in ids:
-            ctrl.add_request(r)
-        rng, previous = np.random.default_rng(4), None
-        for _ in range(200):
-            d = ctrl.plan(ids)
-            verified = previous.k if previous is not None else np.zeros(2, dtype=int)
-            tokens = 2 + int(verified.sum()) + extra_tokens
-            ctrl.observe_verifications(ids, verified,
-                                       [simulate_verification(rng, 0.95, k) for k in verified])
-            ctrl.observe_step(2, tokens, d.k_step, true_step_seconds(2, tokens, d.k_step))
-            previous = d
-        return ctrl.stats.plain_anchors, ctrl.cost.num_plain
-
-    measured, n_plain = anchors(0)
-    assert n_plain > 0 and measured <= 6  # 8, 16, 32, 64, 64 steps apart
-    unmeasured, n_plain = anchors(32)  # every step carries a prefill chunk
-    assert n_plain == 0 and unmeasured >= 3 * measured
-
-
 def test_compiled_policy_loop_matches_the_numpy_path():
     # vllm_specplug.controller.compiled (numba, which comes with vLLM) and the
     # NumPy path must make the same decisions: fixed and free K_step, capped
@@ -476,8 +416,6 @@ def test_compiled_policy_loop_matches_the_numpy_path():
         if trial % 3 == 1:  # a roofline knee somewhere in the plans' range (or before)
             cm.knee = float(rng.integers(0, 2 * batch * width + 2))
             cm.knee_slope = float(rng.uniform(0.001, 0.5))
-        if trial % 4 == 2:  # plain steps measured below the line
-            cm._plain_log_ratio, cm.num_plain = float(rng.uniform(-0.6, 0.0)), 3
         survival = np.cumprod(rng.uniform(0.05, 1.0, size=(batch, width)) ** rng.uniform(0.05, 1),
                               axis=1)
         ceilings = rng.integers(0, width + 1, size=batch) if trial % 3 == 0 else np.full(batch, width)

@@ -40,7 +40,7 @@ if os.environ.get("VLLM_SPECPLUG_NUMBA", "1") != "0":
     if numba is not None:
 
         @numba.njit(cache=True, nogil=True)
-        def _best_plan(s, fixed_k_step, rounds, lam, a0, a_tok, a_pass, t_plain, share, surcharge,
+        def _best_plan(s, fixed_k_step, rounds, lam, a0, a_tok, a_pass, t_plain, share,
                        optimism, c00, c01, c02, c11, c12, c22, room, knee_slope, k_out):
             """GoodputPolicy.decide's Dinkelbach rounds and final plan, in one loop.
 
@@ -125,8 +125,6 @@ if os.environ.get("VLLM_SPECPLUG_NUMBA", "1") != "0":
                     tokens = batch + n_cum[j]
                     if not optimistic:
                         sec = t_plain + a_tok * n_cum[j] + a_pass * j
-                        if j > 0:
-                            sec += surcharge
                     elif j == 0:
                         sec = t_plain  # plain decoding is judged at its point estimate
                     else:
@@ -232,7 +230,7 @@ if os.environ.get("VLLM_SPECPLUG_NUMBA", "1") != "0":
         try:
             # Compile (or load from the cache) now, at start-up, not inside
             # the first scheduled step.
-            _best_plan(np.ones((1, 1)), -1, 1, 1.0, 1.0, 0.1, 0.1, 1.1, 0.0, 0.0, 1.0,
+            _best_plan(np.ones((1, 1)), -1, 1, 1.0, 1.0, 0.1, 0.1, 1.1, 0.0, 1.0,
                        0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1e300, 0.0, np.zeros(1, dtype=np.int64))
             _advance_probes(np.zeros(1, dtype=np.int64), np.ones(1, dtype=np.int64),
                             np.zeros(1, dtype=np.intp), np.zeros((1, 7), dtype=np.int64),

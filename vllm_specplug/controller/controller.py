@@ -445,10 +445,7 @@ class SpecController:
             if self._since_plain < self._anchor_interval:
                 return decision
             self._since_plain = 0
-            if self.cost.num_plain:
-                # (Until a pure plain step has been measured, e.g. when the
-                # anchors met prefill chunks, they stay this frequent.)
-                self._anchor_interval = min(self._anchor_interval * 2, self.PLAIN_ANCHOR_MAX)
+            self._anchor_interval = min(self._anchor_interval * 2, self.PLAIN_ANCHOR_MAX)
             self.stats.plain_anchors += 1
             self._anchor_left = self.PLAIN_ANCHOR_STEPS
         self._anchor_left -= 1

@@ -41,14 +41,6 @@ statistics are kept beside the main ones, so choosing costs one batched
 the error by a clear margin (``KNEE_GAIN``); otherwise (a CPU, compute-bound
 from the first token) the model stays linear.
 
-The line is fitted mostly on speculative steps, and a step that speculates
-at all pays costs that do not grow with K (the rejection sampler, the draft
-model's first pass over every scheduled token).  So the line extrapolates
-plain decoding, the comparison that decides whether to speculate, too slow;
-pure plain steps are measured against it and ``plain_factor`` says by how
-much (the policy prices plain decoding with it, speculative plans on the
-line).
-
 Timing is noisy and can be garbage (a stalled clock, a GC pause); a sample
 that is not finite or not positive is dropped, and after warm-up a sample's
 relative error is clipped to a band scaled by the running error (dropped
@@ -153,11 +145,6 @@ class StepCostModel:
         self.num_rejected = 0
         self._catchup_per_token = self.prior.per_catchup_token
         self.num_catchups = 0
-        # Pure plain steps (no draft verified, none proposed) against the
-        # fitted line: a forgotten mean of log(measured / predicted), see
-        # plain_factor.
-        self._plain_log_ratio = 0.0
-        self.num_plain = 0
         # The knee (None: linear in tokens) and the slope added past it, and
         # each candidate knee's statistics: sum x*h, sum h*h, sum h*y with
         # h = max(tokens - knee, 0), and sum y*y, all forgotten like _xtx.
@@ -182,42 +169,6 @@ class StepCostModel:
     def predict(self, batch: float, tokens: float, k_step: float, catchup: float = 0.0) -> float:
         return (float(features(batch, tokens, k_step) @ self._theta)
                 + self.knee_seconds(tokens) + self.catchup_seconds(catchup, batch))
-
-    # Weight of the newest pure plain step in plain_factor's running mean,
-    # and how far below the line plain decoding may be put.
-    PLAIN_WEIGHT = 0.3
-    PLAIN_FACTOR_MIN = 0.6
-
-    def plain_factor(self) -> float:
-        """A pure plain step's measured time over the fitted line's (at most 1).
-
-        The fit is linear in tokens and draft passes, and mostly sees
-        speculative steps.  A step that speculates at all also pays things
-        that do not grow with K: the rejection sampler, the draft model's
-        first pass over every scheduled token, the drafting bookkeeping.  A
-        line through speculative steps therefore extrapolates plain decoding
-        too slow (measured on the Qwen 1.5B/0.5B pair on a 2-core CPU: the
-        line put a plain step at 0.42-0.47 s, it takes 0.34-0.37 s), which
-        is exactly the comparison that decides whether to speculate.  Plain
-        steps are measured directly (the controller plans one now and then,
-        see ``SpecController._maybe_plain_anchor``), and the policy prices
-        plain decoding at the line times this factor while speculative plans
-        keep the line.  Only ever below 1: a plain step slower than the line
-        is a stall more often than a cost, and pricing plain decoding up
-        would only ever add speculation.
-        """
-        if self.num_plain == 0:
-            return 1.0
-        return math.exp(max(min(self._plain_log_ratio, 0.0), math.log(self.PLAIN_FACTOR_MIN)))
-
-    def _observe_plain(self, pred: float, seconds: float) -> None:
-        # Out of sample (before this step joins the fit): how the line
-        # extrapolates to plain decoding from everything else.  Clipped so
-        # one stall or one odd step moves the mean by a bounded amount.
-        r = min(max(math.log(seconds / pred), -0.7), 0.4)
-        w = 1.0 if self.num_plain == 0 else self.PLAIN_WEIGHT
-        self._plain_log_ratio += w * (r - self._plain_log_ratio)
-        self.num_plain += 1
 
     def knee_seconds(self, tokens: float) -> float:
         """The step time added past the knee (0 while the model is linear)."""
@@ -346,8 +297,6 @@ class StepCostModel:
                                   seconds, catchup)
             seconds = max(seconds - self._catchup_per_token * catchup, 0.5 * seconds)
         pred = float(x @ self._theta) + self.knee_seconds(tokens)
-        if pred > 0 and k_step == 0 and catchup <= 0 and tokens <= batch:
-            self._observe_plain(pred, seconds)
         if pred > 0:
             # Huber-style: clip the relative residual to a few times its own
             # running scale, so a GC pause or a stalled clock moves the fit

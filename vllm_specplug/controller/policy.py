@@ -64,11 +64,6 @@ class GoodputPolicy:
     prefill tokens bring closer, the most likely of the slots worth the lower
     price fill the room that is left (``_knee_plans``).
 
-    Plain decoding is priced at what plain steps measure (the fitted line
-    times ``StepCostModel.plain_factor``), speculative plans on the line: a
-    step that speculates at all pays a fixed extra the line puts partly on
-    plain decoding.
-
     Rates count decode work only: prefill tokens in the same step cost the
     same time whatever is drafted, so they do not lower the bar for drafts.
     Step times for the final choice of j are lower confidence bounds of the
@@ -95,7 +90,6 @@ class GoodputPolicy:
         self._ones = np.ones(0)
         self._positions_cache: dict = {}
         self._catchup_share = 0.0
-        self._surcharge = 0.0
         self._knee = (math.inf, 0.0)
         self._threshold = None
         # The compiled loop (vllm_specplug.controller.compiled) when numba is
@@ -140,12 +134,6 @@ class GoodputPolicy:
             t_plain += decode_knee
             prefill_s += knee_slope * max(-room, 0.0) - decode_knee
         self._knee = (room, knee_slope)
-        # Plain decoding at what plain steps measure, speculative plans on
-        # the fitted line (see StepCostModel.plain_factor); the difference
-        # is what a plan pays for speculating at all.
-        t_line = t_plain
-        t_plain = t_line * cost.plain_factor()
-        self._surcharge = t_line - t_plain
         lam = batch / t_plain if t_plain > 0 else 0.0
         if self.use_compiled and compiled.best_plan is not None:
             b0, b1, b2, cov = cost.reduced_terms(batch)
@@ -153,7 +141,7 @@ class GoodputPolicy:
             j, tokens, n, seconds = compiled.best_plan(
                 np.ascontiguousarray(s, dtype=np.float64),
                 -1 if fixed_k_step is None else int(fixed_k_step), self.ROUNDS, lam,
-                b0, b1, b2, t_plain, self._catchup_share, self._surcharge,
+                b0, b1, b2, t_plain, self._catchup_share,
                 self.optimism if cost.calibrated else 0.0, *cov,
                 room if room < math.inf else 1e300, knee_slope, k)
             return self._finish(j, tokens, n, seconds, k, batch, t_plain, prefill_s,
@@ -239,9 +227,7 @@ class GoodputPolicy:
             if js[0] == 0:
                 seconds[0] = t_plain  # plain decoding is judged at its point estimate
         else:
-            extra = self._surcharge
-            seconds = [t_plain + a_tok * n + a_pass * j + (extra if j > 0 else 0.0)
-                       for n, j in zip(n_cum, js)]
+            seconds = [t_plain + a_tok * n + a_pass * j for n, j in zip(n_cum, js)]
         if knee_slope > 0:
             # The knee's extra seconds for n slots, beyond the plain step's.
             past0 = max(-room, 0.0)
