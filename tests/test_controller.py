@@ -92,6 +92,32 @@ def test_estimator_shrinks_new_request_toward_global_profile():
     assert alpha_new[0] < 0.2
 
 
+def test_estimator_pools_alike_requests_and_keeps_different_ones_apart():
+    # Ten forgotten observations of a 0.8 acceptance spread the estimates by
+    # about +-0.13; a policy handing out slots by them favours the lucky
+    # requests.  Alike requests are pulled hard toward the pool (their
+    # spread is chance); easy and hard requests keep the weak configured pull.
+    def run(alphas, seed):
+        rng = np.random.default_rng(seed)
+        est = AcceptanceEstimator(4, forgetting=0.9, prior_strength=0.5)
+        rows = np.array([est.add(f"r{i}") for i in range(len(alphas))])
+        for _ in range(60):
+            drafted = np.full(len(alphas), 4)
+            accepted = np.array([simulate_verification(rng, a, 4) for a in alphas])
+            est.observe_rows(rows, drafted, accepted)
+        return est, est.conditional(rows)[:, 0]
+
+    alike, first = run([0.8] * 32, 0)
+    assert alike.prior_strength >= 8
+    assert first.std() < 0.05 and abs(first.mean() - 0.8) < 0.05
+    apart, first = run([0.9] * 16 + [0.3] * 16, 1)
+    assert apart.prior_strength < 8
+    assert first[:16].mean() - first[16:].mean() > 0.4  # 0.6 apart
+    # Too few requests to tell: the configured strength.
+    few, _ = run([0.8] * 4, 2)
+    assert few.prior_strength == 0.5
+
+
 def test_estimator_frees_and_reuses_rows():
     est = AcceptanceEstimator(2, initial_capacity=2)
     for i in range(10):

@@ -329,9 +329,11 @@ def test_fallback_and_recovery_through_probes(tiny_models, async_scheduling):
           f"good; probes sent {stats.probes_sent}, succeeded {stats.probes_succeeded}")
     assert fallback_at <= 10
     # Recovery waits for the next probe (back-off up to probe_max_interval),
-    # then a few doubling probes and the policy's own climb.
+    # then a few doubling probes, no longer than the policy would grant good
+    # drafts (3 here), and the policy's own climb to the ceiling.  Measured:
+    # 31 steps sync, 46 async (37 when probes doubled up to the ceiling).
     max_interval = sched.specplug.controller.settings.probe_max_interval
-    assert recovered_at - flip <= max_interval + 12
+    assert recovered_at - flip <= max_interval + 20
     assert stats.probes_succeeded >= 1 and stats.recoveries >= 1
 
 

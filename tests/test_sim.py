@@ -136,7 +136,9 @@ def sweep():
     specs = [CellSpec(setup, scen, pol, c, seed, **FAST)
              for setup in GPU_SETUPS for scen in SCENARIOS for c in CONCURRENCY
              for pol in POLICIES for seed in SEEDS]
-    specs += [CellSpec("cpu-qwen", scen, pol, c, seed, draft_at_k0=False, **FAST)
+    # CPU cells are cheap; at c=4 half a generation is 3 completions, and
+    # which prefill falls inside so short a window moves a cell by 5%.
+    specs += [CellSpec("cpu-qwen", scen, pol, c, seed, draft_at_k0=False, min_window=8, **FAST)
               for scen in SCENARIOS for c in (1, 4) for pol in POLICIES for seed in SEEDS]
     return summarize(aggregate(run_sweep(specs, jobs=1, progress=False)))
 
@@ -146,14 +148,13 @@ def _cells(summary, setup, scenario):
 
 
 # The issue's target: goodput >= 0.97 x max(plain, best static K) in every
-# cell.  Every cell of this sweep (mean of three seeds) reaches it but two,
-# held at the floor they reach today so that a regression fails CI (see
-# benchmarks/SIMULATOR.md; issue #8 stays open for them): 70b-1b easy at
-# c=64, 0.897, where the batch pays draft passes up to the longest draft a
-# few requests are granted (mean K_step above mean k; the oracle's 1.6 and
-# 1.6), and the CPU profile's easy drafts at one request, 0.951.
+# cell.  Every cell of this sweep (mean of three seeds) reaches it but one,
+# held at a floor so that a regression fails CI (see benchmarks/SIMULATOR.md;
+# issue #8): 70b-1b easy at c=64, 0.949.  Its window is the controller's
+# steps 50-125, while the cost model is still placing the roofline knee;
+# measured after two generations it reaches 0.974.
 TARGET = 0.97
-KNOWN_MISSES = {("70b-1b", "easy", 64): 0.88, ("cpu-qwen", "easy", 1): 0.93}
+KNOWN_MISSES = {("70b-1b", "easy", 64): 0.93}
 
 
 @pytest.mark.parametrize("setup", GPU_SETUPS + ("cpu-qwen",))
@@ -186,6 +187,17 @@ def test_regret_against_oracle_is_reported_and_bounded(sweep):
     worst = max(rows, key=lambda r: r["regret"])
     assert worst["regret"] < 0.35, worst
     assert np.mean([r["regret"] for r in gpu]) < 0.15
+
+
+def test_probes_do_not_lengthen_a_large_batchs_drafts():
+    # At c=128 a 1B draft pass costs about 3% of the 70B target's step, and
+    # K_step is the longest draft in the batch.  Probes used to double to 8
+    # drafts for one request, so the batch paid 7 draft passes for it: mean
+    # K_step 5 for a mean k of 0.5, 0.89 of static K=1.  A probe is now no
+    # longer than the policy would grant a request with good drafts.
+    r = run_cell(CellSpec("70b-1b", "easy", "goodput", 128, 0, **FAST))
+    assert r["controller"]["probes_sent"] > 0
+    assert r["mean_k_step"] < 2.0, r
 
 
 # -- determinism, parallel map, consistency ------------------------------------------

@@ -50,7 +50,8 @@ class SpecPlugConfig:
     static_k: int | None = None
     # Per-observation forgetting of a request's acceptance counts (0, 1].
     forgetting: float = _DEFAULTS.forgetting
-    # Pseudo-trials pulling a request's estimate toward the global profile.
+    # Pseudo-trials pulling a request's estimate toward the global profile
+    # (the least; the estimator raises it while live requests look alike).
     prior_strength: float = _DEFAULTS.prior_strength
     # Acceptance assumed per position before anything is observed (0, 1).
     initial_acceptance: float = _DEFAULTS.initial_acceptance

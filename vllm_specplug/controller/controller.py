@@ -271,7 +271,7 @@ class SpecController:
         pins K_step for proposers that need it (and for data parallelism).
         ``catchup_tokens``: tokens a draft model skipped (zero-cost fallback)
         and must process before it drafts again.  A probe must be worth it
-        (see ``_hopeful_plan_pays``); a plan that speculates anyway is not
+        (see ``_hopeful_depth``); a plan that speculates anyway is not
         charged, since the catch-up is owed whenever it resumes.
         """
         batch = len(req_ids)
@@ -333,17 +333,24 @@ class SpecController:
         the policy give them slots at today's costs, including a share of the
         draft catch-up the probe triggers (zero-cost fallback)?  In a compute-bound
         batch, or when the draft pass costs more than good drafts could
-        return, the answer is no and nothing is probed.
+        return, the answer is no and nothing is probed.  The probe is no
+        deeper than the slots that hopeful plan would grant them.
         """
         k = decision.k
         if not self._any_dirty and np.count_nonzero(k) == k.size:
             return  # everyone speculates and nobody carries probe state
         now = self.stats.steps
         due_idx = self._advance_probe_state(rows, ceilings, k, now)
-        if due_idx.size and self._probe_can_pay(rows, ceilings, due_idx, base_tokens,
-                                                fixed_k_step):
+        depth = (self._probe_depth(rows, ceilings, due_idx, base_tokens, fixed_k_step)
+                 if due_idx.size else 0)
+        if depth > 0:
             due_rows = rows[due_idx]
-            probe_k = np.minimum(self._probe_size[due_rows], ceilings[due_idx])
+            # A probe is no deeper than a good request would be granted: in
+            # a large batch every extra draft position is a draft pass over
+            # the whole batch, and a probe of 8 would pay 7 of them for one
+            # request's few tokens.
+            probe_k = np.minimum(np.minimum(self._probe_size[due_rows], ceilings[due_idx]),
+                                 depth)
             k[due_idx] = probe_k
             self._probing[due_rows] = 1
             self._fallback_steps[due_rows] = 0
@@ -462,25 +469,26 @@ class SpecController:
     # one step later still under async scheduling.
     PROBE_TIMEOUT = 3
 
-    def _probe_can_pay(self, rows: np.ndarray, ceilings: np.ndarray, due_idx: np.ndarray,
-                       base_tokens: float, fixed_k_step: int | None) -> bool:
-        """Would the policy speculate on the due requests if their drafts were good?
+    def _probe_depth(self, rows: np.ndarray, ceilings: np.ndarray, due_idx: np.ndarray,
+                     base_tokens: float, fixed_k_step: int | None) -> int:
+        """How many drafts the policy would give the due requests if their drafts were good.
 
-        The answer depends on costs and on the batch, which change slowly; it
-        is reused for ``PROBE_CHECK_STEPS`` plans at the same batch size, so a
-        large batch in fallback does not pay for a second plan every step.
+        0 means no probe can pay.  The answer depends on costs and on the
+        batch, which change slowly; it is reused for ``PROBE_CHECK_STEPS``
+        plans at the same batch size, so a large batch in fallback does not
+        pay for a second plan every step.
         """
         key = (rows.size, fixed_k_step)
         cached = self._probe_check
         if cached is not None and cached[0] == key and self.stats.steps - cached[1] < self.PROBE_CHECK_STEPS:
             return cached[2]
-        answer = self._hopeful_plan_pays(rows, ceilings, due_idx, base_tokens, fixed_k_step)
+        answer = self._hopeful_depth(rows, ceilings, due_idx, base_tokens, fixed_k_step)
         self._probe_check = (key, self.stats.steps, answer)
         return answer
 
     PROBE_CHECK_STEPS = 8
 
-    def _hopeful_plan_pays(self, rows, ceilings, due_idx, base_tokens, fixed_k_step) -> bool:
+    def _hopeful_depth(self, rows, ceilings, due_idx, base_tokens, fixed_k_step) -> int:
         width = self.estimator.max_positions
         hopeful = self.estimator.survival(rows)
         hopeful[due_idx] = (self.PROBE_OPTIMISM ** np.arange(1, width + 1))[None, :] - (
@@ -488,7 +496,7 @@ class SpecController:
         plan = self.goodput.decide(hopeful, ceilings, base_tokens, self.cost, fixed_k_step,
                                    capped=self._last_capped,
                                    catchup_tokens=self._catchup_tokens)
-        return bool(plan.k[due_idx].any())
+        return int(plan.k[due_idx].max(initial=0))
 
     def _account(self, rows: np.ndarray, decision: Decision) -> None:
         s = self.stats

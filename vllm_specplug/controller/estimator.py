@@ -9,7 +9,8 @@ successes and trials of the *conditional* acceptance probability
 
 Sparse per-request data is shrunk toward a global per-position profile (the
 same counts pooled over every request), which is itself shrunk toward a
-configured prior.  The survival probability of slot ``j`` (the chance that
+configured prior.  How strongly a request is shrunk is estimated from how
+much the live requests differ beyond sampling noise (``_update_prior_strength``).  The survival probability of slot ``j`` (the chance that
 drafts ``1..j`` are all accepted) is the running product of ``alpha``; the
 expected number of accepted tokens when a request gets ``j`` slots is the sum
 of its first ``j`` survival probabilities.
@@ -66,10 +67,16 @@ class AcceptanceEstimator:
         self._positions = np.arange(max_positions)
         self._profile: np.ndarray | None = None
         # Weight of the global profile in each position's prior (see conditional).
-        self._prior_share = np.full(max_positions, 0.5 * prior_strength)
-        self._prior_share[0] = prior_strength
+        self.base_prior_strength = prior_strength
+        self._set_prior_strength(prior_strength)
+        self._observed_steps = 0
         # Global profile the cached survival rows were computed with.
         self._surv_profile = self.global_profile()
+
+    def _set_prior_strength(self, strength: float) -> None:
+        self.prior_strength = strength
+        self._prior_share = np.full(self.max_positions, 0.5 * strength)
+        self._prior_share[0] = strength
 
     # -- request lifecycle -------------------------------------------------
     def add(self, req_id: str) -> int:
@@ -154,14 +161,69 @@ class AcceptanceEstimator:
         self._global = self._global * g + pooled.reshape(2, -1)
         self._profile = None
         profile = self.global_profile()
+        self._observed_steps += 1
+        restrung = (self._observed_steps % self.POOL_EVERY == 0
+                    and self._update_prior_strength())
         # (Compared as lists: eight positions, cheaper than array calls.)
         moved = max(abs(a - b) for a, b in zip(self._profile_list, self._surv_profile.tolist()))
-        if moved > self.PROFILE_TOLERANCE:
-            # The pooled profile every request shrinks toward has moved:
-            # refresh every live row, not only the ones just observed.
+        if moved > self.PROFILE_TOLERANCE or restrung:
+            # The pooled profile every request shrinks toward, or the pull
+            # toward it, has moved: refresh every live row, not only the
+            # ones just observed.
             self._surv_profile = profile
             rows = np.fromiter(self._rows.values(), dtype=np.intp, count=len(self._rows))
         self._refresh_survival(rows)
+
+    # How strongly a request's estimate is pulled toward the pooled profile
+    # is re-estimated every POOL_EVERY observed steps from how alike the
+    # live requests are (empirical Bayes), between the configured strength
+    # and POOL_MAX_STRENGTH, once POOL_MIN_ROWS requests have drafted.
+    POOL_EVERY = 8
+    POOL_MIN_ROWS = 8
+    POOL_MAX_STRENGTH = 16.0
+
+    def _update_prior_strength(self) -> bool:
+        """Set the prior strength from the live requests' spread; True when it changed.
+
+        With a few forgotten observations each, requests whose drafts are
+        equally good look different by chance (10 observations of a 0.8
+        acceptance spread +-0.13), and a policy that hands out slots by the
+        estimates then favours the lucky ones: the longest draft sets
+        K_step, so the whole batch pays draft passes for a few requests,
+        and the favoured estimates are too high.  How far apart the
+        requests really are is the spread of their position-1 acceptance
+        beyond what sampling explains; a beta prior with that variance has
+        ``v / tau2 - 1`` pseudo-trials.  Alike requests (easy or hard
+        traffic) get a strong pull toward the pool; a batch of easy and
+        hard requests keeps the weak configured one.
+        """
+        rows = np.fromiter(self._rows.values(), dtype=np.intp, count=len(self._rows))
+        t = self._trials[rows, 0]
+        have = t >= 1.0
+        strength = self.base_prior_strength
+        if np.count_nonzero(have) >= self.POOL_MIN_ROWS:
+            t, succ = t[have], self._succ[rows[have], 0]
+            total = float(t.sum())
+            g = float(succ.sum()) / total
+            v = g * (1.0 - g)
+            # Sampling variance of a forgotten mean: v * sum(w^2) / sum(w)^2;
+            # a row's weights are f^0..f^(n-1), so sum(w^2) follows from t.
+            f = self.forgetting
+            if f < 1.0:
+                r = np.clip(1.0 - t * (1.0 - f), 0.0, 1.0)
+                w2 = (1.0 - r * r) / (1.0 - f * f)
+            else:
+                w2 = t
+            spread = float(((succ - g * t) ** 2 / t).sum())  # sum t (p_r - g)^2
+            tau2 = (spread - v * float((w2 / t).sum())) / total
+            if v <= 1e-9 or tau2 <= v / (self.POOL_MAX_STRENGTH + 1.0):
+                strength = self.POOL_MAX_STRENGTH
+            else:
+                strength = min(max(v / tau2 - 1.0, strength), self.POOL_MAX_STRENGTH)
+        if abs(strength - self.prior_strength) <= 0.1 * self.prior_strength:
+            return False
+        self._set_prior_strength(strength)
+        return True
 
     # -- estimates ---------------------------------------------------------
     def global_profile(self) -> np.ndarray:
