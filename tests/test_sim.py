@@ -87,6 +87,35 @@ def test_zero_cost_fallback_removes_the_draft_pass_at_k0():
     assert zero.decode_step(64, 0, 640) == pytest.approx(plain)
 
 
+def test_zero_cost_fallback_pays_the_catch_up_when_drafting_resumes():
+    # The plugin's zero-cost fallback skips the draft at K_step=0 and, before
+    # it drafts again, runs it over every token it skipped.
+    from vllm_specplug.sim.engine import Engine, Policy, setup_for
+
+    class SixPlainThenDraft(Policy):
+        calls = 0
+
+        def decide(self, engine, dec, base_tokens):
+            self.calls += 1
+            k = 0 if self.calls <= 6 else 1
+            return k, np.full(len(dec), k, dtype=np.int64)
+
+    spec = CellSpec("cpu-qwen", "easy", "static-1", 2, draft_at_k0=False, noise=0.0,
+                    prefill=False)
+    engine = Engine(spec, setup_for(spec))
+    engine.policy = SixPlainThenDraft()
+    times = []
+    for _ in range(8):
+        before = engine.clock
+        engine.step(measure=False)
+        times.append(engine.clock - before)
+    plain, resume, drafting = times[5], times[6], times[7]
+    assert drafting > plain  # a drafting step runs the draft
+    # ... and the first one catches up on 2 requests x 6 skipped tokens.
+    catch_up = engine.cost.draft_pass(12.0, float(engine.ctx.sum()), 12.0 * engine.ctx.mean())
+    assert resume - drafting == pytest.approx(float(catch_up), rel=0.2)
+
+
 # -- crossover --------------------------------------------------------------------
 @pytest.mark.parametrize("setup", GPU_SETUPS)
 def test_static_k_loses_to_plain_above_a_crossover(setup):
@@ -148,13 +177,22 @@ def _cells(summary, setup, scenario):
 
 
 # The issue's target: goodput >= 0.97 x max(plain, best static K) in every
-# cell.  Every cell of this sweep (mean of three seeds) reaches it but one,
-# held at a floor so that a regression fails CI (see benchmarks/SIMULATOR.md;
-# issue #8): 70b-1b easy at c=64, 0.949.  Its window is the controller's
-# steps 50-125, while the cost model is still placing the roofline knee;
-# measured after two generations it reaches 0.974.
+# cell.  Every cell of this sweep (mean of three seeds) reaches it but these,
+# held at floors so that a regression fails CI (see benchmarks/SIMULATOR.md;
+# issue #8):
+# - 70b-1b easy at c=64, 0.949.  Its window is the controller's steps
+#   50-125, while the cost model is still placing the roofline knee;
+#   measured after two generations it reaches 0.974.
+# - The CPU profile at one request, 0.937-0.963 (mean k 0.01-0.03).  Plain
+#   decoding is best there; the few steps that speculate (a fresh request
+#   whose pooled estimate sits near the bar) each make the draft catch up on
+#   every token it skipped, up to ~190 tokens, the time of 10-20 plain steps.
+#   The plan does not charge the catch-up: charged, the debt grows with every
+#   step in fallback and a request whose drafts turn perfect never resumes
+#   (tests/test_zero_cost_fallback.py).
 TARGET = 0.97
-KNOWN_MISSES = {("70b-1b", "easy", 64): 0.93}
+KNOWN_MISSES = {("70b-1b", "easy", 64): 0.93,
+                **{("cpu-qwen", scenario, 1): 0.92 for scenario in SCENARIOS}}
 
 
 @pytest.mark.parametrize("setup", GPU_SETUPS + ("cpu-qwen",))

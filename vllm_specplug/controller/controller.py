@@ -272,7 +272,9 @@ class SpecController:
         ``catchup_tokens``: tokens a draft model skipped (zero-cost fallback)
         and must process before it drafts again.  A probe must be worth it
         (see ``_hopeful_depth``); a plan that speculates anyway is not
-        charged, since the catch-up is owed whenever it resumes.
+        charged, since the catch-up is owed whenever it resumes (charged,
+        the debt grows with every step in fallback, and a request whose
+        drafts turned perfect never resumed).
         """
         batch = len(req_ids)
         if batch == 0:
