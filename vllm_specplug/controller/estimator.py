@@ -10,10 +10,11 @@ successes and trials of the *conditional* acceptance probability
 Sparse per-request data is shrunk toward a global per-position profile (the
 same counts pooled over every request), which is itself shrunk toward a
 configured prior.  How strongly a request is shrunk is estimated from how
-much the live requests differ beyond sampling noise (``_update_prior_strength``).  The survival probability of slot ``j`` (the chance that
-drafts ``1..j`` are all accepted) is the running product of ``alpha``; the
-expected number of accepted tokens when a request gets ``j`` slots is the sum
-of its first ``j`` survival probabilities.
+much the live requests differ beyond sampling noise
+(``_update_prior_strength``).  The survival probability of slot ``j`` (the
+chance that drafts ``1..j`` are all accepted) is the running product of
+``alpha``; the expected number of accepted tokens when a request gets ``j``
+slots is the sum of its first ``j`` survival probabilities.
 
 State lives in preallocated NumPy arrays indexed by a row per request.  The
 survival table is kept up to date as observations arrive (only the rows just
@@ -201,6 +202,7 @@ class AcceptanceEstimator:
         t = self._trials[rows, 0]
         have = t >= 1.0
         strength = self.base_prior_strength
+        cap = max(self.POOL_MAX_STRENGTH, strength)  # never below the configured pull
         if np.count_nonzero(have) >= self.POOL_MIN_ROWS:
             t, succ = t[have], self._succ[rows[have], 0]
             total = float(t.sum())
@@ -216,10 +218,10 @@ class AcceptanceEstimator:
                 w2 = t
             spread = float(((succ - g * t) ** 2 / t).sum())  # sum t (p_r - g)^2
             tau2 = (spread - v * float((w2 / t).sum())) / total
-            if v <= 1e-9 or tau2 <= v / (self.POOL_MAX_STRENGTH + 1.0):
-                strength = self.POOL_MAX_STRENGTH
+            if v <= 1e-9 or tau2 <= v / (cap + 1.0):
+                strength = cap
             else:
-                strength = min(max(v / tau2 - 1.0, strength), self.POOL_MAX_STRENGTH)
+                strength = min(max(v / tau2 - 1.0, strength), cap)
         if abs(strength - self.prior_strength) <= 0.1 * self.prior_strength:
             return False
         self._set_prior_strength(strength)
