@@ -195,6 +195,34 @@ def test_probes_pay_for_a_shared_draft_pass_and_bring_a_batch_back():
     assert np.mean([d.k.mean() for d in hist[-30:]]) >= 3
 
 
+@pytest.mark.parametrize("seed", range(12))
+def test_the_first_drafting_steps_warm_up_without_trapping_the_request_in_fallback(seed):
+    # Measured at TP=2 on a CPU, target as its own draft: a plain step 2 ms,
+    # a draft pass 0.5 ms, the first step that drafts 43x a plain step, the
+    # second 2x.  Fitted, the second priced the draft pass at 6x its value;
+    # the requests fell back, nothing drafted again, so nothing re-measured
+    # the price, and the probe gate (which asks it) kept every probe back.
+    rng = np.random.default_rng(seed)
+    ctrl = SpecController(ControllerSettings(max_k=4), CostPrior.for_platform("cpu", "model", 1.0))
+    ids = [f"r{i}" for i in range(4)]
+    for r in ids:
+        ctrl.add_request(r)
+    warm_up = [43.0, 2.0]
+    previous = np.zeros(4, dtype=int)
+    drafted = []
+    for _ in range(96):
+        d = ctrl.plan(ids)
+        ctrl.observe_verifications(ids, previous, previous)  # perfect drafts
+        tokens = 4 + int(previous.sum())
+        seconds = (2e-3 + 4e-5 * tokens + 5e-4 * d.k_step) * rng.lognormal(0.0, 0.1)
+        if d.k_step and warm_up:
+            seconds *= warm_up.pop(0)
+        ctrl.observe_step(4, tokens, d.k_step, seconds)
+        previous = d.k.copy()
+        drafted.append(int(d.k[0]))
+    assert max(drafted) == 4 and np.mean(drafted[-16:]) >= 3.5, drafted
+
+
 def test_probe_timeout_counts_silent_probes_as_failures():
     # Probes whose drafts never reach verification (n-gram found nothing):
     # the controller must not wait for them forever; back-off grows.

@@ -42,9 +42,10 @@ the error by a clear margin (``KNEE_GAIN``); otherwise (a CPU, compute-bound
 from the first token) the model stays linear.
 
 Timing is noisy and can be garbage (a stalled clock, a GC pause); a sample
-that is not finite or not positive is dropped, and after warm-up a sample's
-relative error is clipped to a band scaled by the running error (dropped
-when it lies far outside it), so one outlier cannot swing K.
+that is not finite or not positive is dropped, and after warm-up a sample
+slower than predicted is clipped to a band scaled by the running error
+(dropped when it lies far outside it), so one outlier cannot swing K.
+Stalls only ever make a step slower, so a faster step is kept as measured.
 """
 
 from __future__ import annotations
@@ -119,7 +120,10 @@ def features(batch: float, tokens: float, k_step: float) -> np.ndarray:
 
 
 class StepCostModel:
+    # Steps dropped at start-up: the engine's first steps, and the first
+    # steps that run the draft (see observe).
     SKIP_FIRST = 2
+    SKIP_FIRST_DRAFTING = 2
 
     def __init__(
         self,
@@ -134,6 +138,7 @@ class StepCostModel:
         self._cov: np.ndarray | None = None
         self._reduced_cache: dict[float, tuple] = {}
         self._skipped = 0
+        self._skipped_drafting = 0
         n = len(FEATURES)
         self._theta0 = self.prior.vector()
         self._ridge = self.prior.strength * np.eye(n)
@@ -280,6 +285,16 @@ class StepCostModel:
             # steady state; calibrating on them skews every later decision.
             self._skipped += 1
             return False
+        if (k_step > 0 or catchup > 0) and self._skipped_drafting < self.SKIP_FIRST_DRAFTING:
+            # Likewise the first steps that run the draft and verify its
+            # tokens: new shapes for both models (measured at TP=2 on a CPU:
+            # the first such step took 43x a plain step, the second 2x).
+            # Kept, the second set the draft pass's price at six times its
+            # steady value from a single sample; nothing was drafted after
+            # it, so nothing measured the price again, and the probe gate,
+            # which asks that price, never let a probe out.
+            self._skipped_drafting += 1
+            return False
         # A catch-up is one more draft pass (its per-token part is below).
         x = features(batch, tokens, k_step + 1 if catchup > 0 else k_step)
         if not self._scaled:
@@ -308,9 +323,14 @@ class StepCostModel:
             # run of outliers widen the band until they passed unclipped).
             self._rel_hist.append(abs(rel))
             self._rel_scale = statistics.median(self._rel_hist)
-            if abs(rel) > bound:
+            # Only a slow step is suspect.  A step much faster than predicted
+            # says the prediction is wrong (early on, the prior's shape: on
+            # tiny models it overprices drafts several times), and dropping
+            # it, while the band was still narrow, kept the fit on the prior
+            # until a stall arrived and was kept instead.
+            if rel > bound:
                 self.num_rejected += 1
-                if abs(rel) > 2.0 * bound:
+                if rel > 2.0 * bound:
                     # Far outside the band: a stall or a clock jump, not what
                     # the step cost.  Even clipped, each such sample pushes
                     # the fit the same way (stalls are only ever slow), and
@@ -319,8 +339,7 @@ class StepCostModel:
                     # change in cost persists, widens the band (the median
                     # above) and is then fitted.
                     return False
-                rel = max(-bound, min(rel, bound))
-                seconds = pred * (1.0 + rel)
+                seconds = pred * (1.0 + bound)
         if self.num_observations == 0:
             # Before any residual is seen, assume a tenth of a step.
             self._resid_var = (0.1 * seconds) ** 2
