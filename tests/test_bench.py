@@ -86,3 +86,27 @@ def test_bench_reports_a_mismatch_loudly(tmp_path, monkeypatch, bench_out):
     assert rc == 1
     results = json.loads((tmp_path / "results.json").read_text())
     assert {m["policy"] for m in results["mismatches"]} == {"k0", "goodput"}
+
+
+def test_mismatches_that_static_k_shares_are_told_apart_from_the_policys():
+    # bfloat16 on an AVX-512-BF16 CPU: vLLM's own static K diverges from plain
+    # greedy output at near ties, and every policy that verifies drafts with
+    # it; that must not read as the adaptive policy's fault, and anything
+    # else must.
+    from vllm_specplug.bench.__main__ import mark_static_k_mismatches
+
+    def mm(policy, requests, rep=0, workload="prose"):
+        return dict(setup="qwen", workload=workload, concurrency=1, policy=policy, rep=rep,
+                    requests=requests)
+
+    ms = [mm("static-K2", [0]), mm("static-K4", [0, 3]), mm("goodput", [0]),
+          mm("goodput-no-zcf", [0, 3]), mm("goodput", [1], rep=1), mm("goodput", [2]),
+          mm("k0", [0]), mm("goodput", [0], workload="code")]
+    mark_static_k_mismatches(ms)
+    assert [m["also_under_static_k"] for m in ms] == [
+        True, True,   # static K's own
+        True, True,   # every request also wrong under a static K, same cell and repeat
+        False,        # another repeat: no static K diverged there
+        False,        # a request no static K got wrong
+        False,        # k0 verifies nothing: always the run's failure
+        False]        # another workload
