@@ -549,3 +549,19 @@ def test_compiled_controller_matches_the_numpy_controller_step_for_step(roofline
     else:
         assert fast.recoveries > 0
 
+
+
+def test_fast_steps_are_kept_when_timed_exactly_and_clipped_under_async():
+    # Sync scheduling times each step exactly, and stalls only slow steps
+    # down: a fast step is information.  Async scheduling can split one
+    # step's time with its neighbour's, so there a fast step is clipped too.
+    def after_one_fast_step(keep):
+        cm = StepCostModel(CostPrior(intercept=1.0, per_request=0.0, per_token=0.1))
+        cm.keep_fast_steps = keep
+        rng = np.random.default_rng(0)
+        for _ in range(StepCostModel.SKIP_FIRST + 30):
+            cm.observe(2, 2, 0, 1.2 * rng.uniform(0.98, 1.02))
+        cm.observe(2, 2, 0, 0.3)
+        return cm.predict(2, 2, 0)
+    assert after_one_fast_step(False) > 1.1
+    assert after_one_fast_step(True) < after_one_fast_step(False) - 0.02

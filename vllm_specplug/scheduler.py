@@ -129,6 +129,7 @@ class AdaptiveSpecState:
         self.sched_end: dict[int, float] = {}
         self.last_update_end: float | None = None
         self.is_async = isinstance(scheduler, AsyncScheduler)
+        self.controller.cost.keep_fast_steps = not self.is_async
         # Step timing source; tests substitute a synthetic clock.
         self.clock = time.perf_counter
         self.faults = 0
@@ -181,6 +182,7 @@ class AdaptiveSpecState:
             config.controller_settings(self.num_spec_tokens),
             cost_prior=self._cost_prior(vllm_config, vllm_config.speculative_config),
         )
+        self.controller.cost.keep_fast_steps = not self.is_async
         if self.metrics is not None:
             self.metrics.controller_replaced(self.controller)
         self.zero_cost_fallback = (self.method == "draft_model" and config.zero_cost_fallback

@@ -45,7 +45,9 @@ Timing is noisy and can be garbage (a stalled clock, a GC pause); a sample
 that is not finite or not positive is dropped, and after warm-up a sample
 slower than predicted is clipped to a band scaled by the running error
 (dropped when it lies far outside it), so one outlier cannot swing K.
-Stalls only ever make a step slower, so a faster step is kept as measured.
+Stalls only ever make a step slower, so a faster step is kept as measured
+(except under async scheduling, where a step's timing can be split with its
+neighbour's).
 """
 
 from __future__ import annotations
@@ -139,6 +141,9 @@ class StepCostModel:
         self._reduced_cache: dict[float, tuple] = {}
         self._skipped = 0
         self._skipped_drafting = 0
+        # False where step times are not exact (async scheduling; set by the
+        # scheduler): then a fast step is clipped like a slow one.
+        self.keep_fast_steps = True
         n = len(FEATURES)
         self._theta0 = self.prior.vector()
         self._ridge = self.prior.strength * np.eye(n)
@@ -323,14 +328,18 @@ class StepCostModel:
             # run of outliers widen the band until they passed unclipped).
             self._rel_hist.append(abs(rel))
             self._rel_scale = statistics.median(self._rel_hist)
-            # Only a slow step is suspect.  A step much faster than predicted
-            # says the prediction is wrong (early on, the prior's shape: on
-            # tiny models it overprices drafts several times), and dropping
-            # it, while the band was still narrow, kept the fit on the prior
-            # until a stall arrived and was kept instead.
-            if rel > bound:
+            # Only a slow step is suspect where steps are timed exactly.  A
+            # step much faster than predicted says the prediction is wrong
+            # (early on, the prior's shape: on tiny models it overprices
+            # drafts several times), and dropping it, while the band was
+            # still narrow, kept the fit on the prior until a stall arrived
+            # and was kept instead.  Under async scheduling a step is timed
+            # from the end of the previous step's update, so a late update
+            # splits the time unevenly between two steps and a fast sample
+            # can be an artifact: there both sides are suspect.
+            if rel > bound or (rel < -bound and not self.keep_fast_steps):
                 self.num_rejected += 1
-                if rel > 2.0 * bound:
+                if abs(rel) > 2.0 * bound:
                     # Far outside the band: a stall or a clock jump, not what
                     # the step cost.  Even clipped, each such sample pushes
                     # the fit the same way (stalls are only ever slow), and
@@ -339,7 +348,7 @@ class StepCostModel:
                     # change in cost persists, widens the band (the median
                     # above) and is then fitted.
                     return False
-                seconds = pred * (1.0 + bound)
+                seconds = pred * (1.0 + max(-bound, min(rel, bound)))
         if self.num_observations == 0:
             # Before any residual is seen, assume a tenth of a step.
             self._resid_var = (0.1 * seconds) ** 2
