@@ -550,7 +550,6 @@ def test_compiled_controller_matches_the_numpy_controller_step_for_step(roofline
         assert fast.recoveries > 0
 
 
-
 def test_fast_steps_are_kept_when_timed_exactly_and_clipped_under_async():
     # Sync scheduling times each step exactly, and stalls only slow steps
     # down: a fast step is information.  Async scheduling can split one

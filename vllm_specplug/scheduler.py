@@ -118,18 +118,14 @@ class AdaptiveSpecState:
         self.k_step_pinned = self.method not in ADAPTIVE_K_STEP_METHODS or dp > 1
         self.pin_reason = ("data_parallel_size > 1: ranks step in lockstep" if dp > 1 else
                            f"method {self.method!r} needs a fixed K")
-        self.controller = SpecController(
-            self.config.controller_settings(self.num_spec_tokens),
-            cost_prior=self._cost_prior(vllm_config, spec),
-        )
+        self.is_async = isinstance(scheduler, AsyncScheduler)
+        self.controller = self._new_controller()
         self.enabled = True
         self.planned: dict[str, int] = {}
         # End of schedule() per SchedulerOutput still in flight (async keeps
         # up to two), and the end of the last update in async mode.
         self.sched_end: dict[int, float] = {}
         self.last_update_end: float | None = None
-        self.is_async = isinstance(scheduler, AsyncScheduler)
-        self.controller.cost.keep_fast_steps = not self.is_async
         # Step timing source; tests substitute a synthetic clock.
         self.clock = time.perf_counter
         self.faults = 0
@@ -178,11 +174,7 @@ class AdaptiveSpecState:
             self.pin_reason = "reconfigured"
         if self.metrics is not None:
             self.metrics.flush(self.controller, self.faults)
-        self.controller = SpecController(
-            config.controller_settings(self.num_spec_tokens),
-            cost_prior=self._cost_prior(vllm_config, vllm_config.speculative_config),
-        )
-        self.controller.cost.keep_fast_steps = not self.is_async
+        self.controller = self._new_controller()
         if self.metrics is not None:
             self.metrics.controller_replaced(self.controller)
         self.zero_cost_fallback = (self.method == "draft_model" and config.zero_cost_fallback
@@ -194,6 +186,16 @@ class AdaptiveSpecState:
         if self.trace is not None:
             self.trace.close()
         self.trace = self._open_trace(vllm_config)
+
+    def _new_controller(self) -> SpecController:
+        """A controller for ``self.config``, its cost prior from the vLLM config."""
+        controller = SpecController(
+            self.config.controller_settings(self.num_spec_tokens),
+            cost_prior=self._cost_prior(self.vllm_config, self.vllm_config.speculative_config),
+        )
+        # Under async scheduling step times are not exact (see StepCostModel.observe).
+        controller.cost.keep_fast_steps = not self.is_async
+        return controller
 
     def _cost_prior(self, vllm_config, spec) -> CostPrior:
         try:

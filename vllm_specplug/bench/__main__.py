@@ -74,7 +74,6 @@ def parse_args(argv):
     return args
 
 
-
 def mark_static_k_mismatches(mismatches: list[dict]) -> None:
     """Set ``also_under_static_k`` on every mismatch.
 
@@ -99,6 +98,7 @@ def mark_static_k_mismatches(mismatches: list[dict]) -> None:
         else:
             seen = static_bad.get((m["setup"], m["workload"], m["concurrency"], m["rep"]), set())
             m["also_under_static_k"] = set(m["requests"]) <= seen
+
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
