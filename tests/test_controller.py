@@ -447,6 +447,45 @@ def test_cost_model_finds_a_roofline_knee_and_stays_linear_without_one():
     assert linear.knee is None
 
 
+def test_a_first_draft_pass_run_at_k0_is_not_charged_to_one_draft():
+    # vLLM runs a draft model's (or EAGLE head's) first pass every step, at
+    # K_step = 0 too, to keep the draft's KV cache in sync: one draft per
+    # request costs only its verification, each further position a pass.
+    # A model linear in K_step fits a pass's price between K=0 and the
+    # longer drafts and charges most of it to K=1, and the policy then falls
+    # back where one draft per request still pays (the simulator's 8B/EAGLE
+    # at c=256: 0.94-0.96 of plain, 1.00 after).
+    batch, first, later = 64, 0.004, 0.004
+
+    def truth(tokens, k_step):  # memory-bound: verifying is nearly free
+        return 0.010 + 1e-5 * tokens + first + later * max(k_step - 1, 0)
+
+    def fit(runs_at_k0):
+        rng = np.random.default_rng(11)
+        cm = StepCostModel(CostPrior.for_platform("cuda", "model", 0.1,
+                                                  draft_runs_at_k0=runs_at_k0))
+        for _ in range(200):
+            k_step = int(rng.choice([0, 0, 2, 3, 4]))  # never K=1: it must be inferred
+            tokens = batch + int(rng.integers(0, batch * k_step + 1))
+            cm.observe(batch, tokens, k_step, truth(tokens, k_step) * rng.lognormal(0, 0.02))
+        return cm
+
+    survival = np.tile(np.cumprod([0.2, 0.2, 0.2, 0.2]), (batch, 1))
+    ceilings = np.full(batch, 4)
+    right, linear = fit(True), fit(False)
+    for k_step in range(5):
+        tokens = batch * (1 + k_step)
+        assert right.predict(batch, tokens, k_step) == pytest.approx(truth(tokens, k_step),
+                                                                      rel=0.05)
+    assert right.draft_passes(0) == right.draft_passes(1) == 0
+    assert linear.predict(batch, 2 * batch, 1) > 1.1 * truth(2 * batch, 1)
+    for use_compiled in (True, False):
+        pol = GoodputPolicy(use_compiled=use_compiled)
+        good = pol.decide(survival, ceilings, float(batch), right)
+        assert good.k_step == 1 and good.k.tolist() == [1] * batch
+        assert pol.decide(survival, ceilings, float(batch), linear).k_step == 0
+
+
 def test_compiled_policy_loop_matches_the_numpy_path():
     # vllm_specplug.controller.compiled (numba, which comes with vLLM) and the
     # NumPy path must make the same decisions: fixed and free K_step, capped
@@ -461,7 +500,8 @@ def test_compiled_policy_loop_matches_the_numpy_path():
         batch, width = int(rng.integers(1, 80)), int(rng.integers(1, 9))
         cm = StepCostModel(CostPrior(intercept=1.0, per_request=rng.uniform(0, 0.05),
                                      per_token=rng.uniform(0.001, 0.3),
-                                     per_draft_pass=rng.uniform(0, 0.3)))
+                                     per_draft_pass=rng.uniform(0, 0.3),
+                                     draft_runs_at_k0=trial % 4 >= 2))
         if trial % 2:  # calibrate: lower confidence bounds come into play
             for i in range(30):
                 t = batch + int(rng.integers(0, batch * width + 1))

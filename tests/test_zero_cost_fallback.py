@@ -11,8 +11,8 @@ everywhere.
 
 import pytest
 
-from conftest import (acceptance, greedy, make_llm, run_with_forced_fallback, shutdown,
-                      token_ids)
+from conftest import (acceptance, greedy, make_llm, run_with_forced_fallback,
+                      scheduler_of, shutdown, token_ids)
 from vllm_specplug.patches import draft_model_skip
 from vllm_specplug.testing import prompt
 
@@ -56,6 +56,8 @@ def test_random_draft_stops_running_in_fallback(tiny_models, plain):
     llm = make_llm(tiny_models["target"], speculative=spec(tiny_models["draft_bad"]))
     try:
         drafter = drafter_of(llm)
+        # The draft does not run at K_step=0: every position is a pass.
+        assert scheduler_of(llm).specplug.controller.cost.pass_offset == 0
         calls = count_forwards(drafter.model)
         prompts = [prompt(i) for i in range(4)]
         outs = llm.generate(prompts, greedy(96), use_tqdm=False)
@@ -131,6 +133,8 @@ def test_switch_off_keeps_vllms_first_pass(tiny_models, plain):
                    specplug={"zero_cost_fallback": False})
     try:
         drafter = drafter_of(llm)
+        # vLLM's first pass runs at K_step=0 too, and the cost model knows it.
+        assert scheduler_of(llm).specplug.controller.cost.pass_offset == 1
         calls = count_forwards(drafter.model)
         prompts = [prompt(i) for i in range(2)]
         outs = llm.generate(prompts, greedy(48), use_tqdm=False)

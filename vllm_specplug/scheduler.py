@@ -119,6 +119,10 @@ class AdaptiveSpecState:
         self.pin_reason = ("data_parallel_size > 1: ranks step in lockstep" if dp > 1 else
                            f"method {self.method!r} needs a fixed K")
         self.is_async = isinstance(scheduler, AsyncScheduler)
+        # Zero-cost fallback (patches/draft_model_skip.py): the worker skips
+        # the draft model at K_step=0 and catches up before the next K_step>0.
+        # Known before the controller is built: it shapes the cost model.
+        self.zero_cost_fallback = self._zero_cost_fallback()
         self.controller = self._new_controller()
         self.enabled = True
         self.planned: dict[str, int] = {}
@@ -137,12 +141,8 @@ class AdaptiveSpecState:
         self.metrics = self._make_metrics(vllm_config)
         self.trace = self._open_trace(vllm_config)
         self._placeholders = [[-1] * k for k in range(self.num_spec_tokens + 1)]
-        # Zero-cost fallback (patches/draft_model_skip.py): the worker skips
-        # the draft model at K_step=0 and catches up before the next K_step>0.
         # Tokens each request has scheduled since its draft last ran, so the
         # controller can price a catch-up; the worker keeps the exact state.
-        self.zero_cost_fallback = (self.method == "draft_model" and self.config.zero_cost_fallback
-                                   and not self.k_step_pinned and _on_cpu())
         self.draft_gap: dict[str, int] = {}
         self.catchup: dict[int, int] = {}
 
@@ -174,11 +174,10 @@ class AdaptiveSpecState:
             self.pin_reason = "reconfigured"
         if self.metrics is not None:
             self.metrics.flush(self.controller, self.faults)
+        self.zero_cost_fallback = self._zero_cost_fallback()
         self.controller = self._new_controller()
         if self.metrics is not None:
             self.metrics.controller_replaced(self.controller)
-        self.zero_cost_fallback = (self.method == "draft_model" and config.zero_cost_fallback
-                                   and not self.k_step_pinned and _on_cpu())
         self.planned, self.draft_gap, self.catchup = {}, {}, {}
         self.sched_end.clear()
         self.predicted.clear()
@@ -186,6 +185,10 @@ class AdaptiveSpecState:
         if self.trace is not None:
             self.trace.close()
         self.trace = self._open_trace(vllm_config)
+
+    def _zero_cost_fallback(self) -> bool:
+        return (self.method == "draft_model" and self.config.zero_cost_fallback
+                and not self.k_step_pinned and _on_cpu())
 
     def _new_controller(self) -> SpecController:
         """A controller for ``self.config``, its cost prior from the vLLM config."""
@@ -213,7 +216,10 @@ class AdaptiveSpecState:
                     ratio = draft / target
             except Exception:
                 pass
-            return CostPrior.for_platform(platform, "model", ratio)
+            # vLLM runs a draft model's (or EAGLE head's) first pass at
+            # K_step = 0 too, unless zero-cost fallback skips it.
+            return CostPrior.for_platform(platform, "model", ratio,
+                                          draft_runs_at_k0=not self.zero_cost_fallback)
         return CostPrior.for_platform(platform, "lookup")
 
     def _make_metrics(self, vllm_config):

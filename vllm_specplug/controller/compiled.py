@@ -41,7 +41,8 @@ if os.environ.get("VLLM_SPECPLUG_NUMBA", "1") != "0":
 
         @numba.njit(cache=True, nogil=True)
         def _best_plan(s, fixed_k_step, rounds, lam, a0, a_tok, a_pass, t_plain, share,
-                       optimism, c00, c01, c02, c11, c12, c22, room, knee_slope, k_out):
+                       optimism, c00, c01, c02, c11, c12, c22, room, knee_slope, pass_offset,
+                       k_out):
             """GoodputPolicy.decide's Dinkelbach rounds and final plan, in one loop.
 
             Same arithmetic as the NumPy path (``GoodputPolicy._best_j``,
@@ -49,6 +50,8 @@ if os.environ.get("VLLM_SPECPLUG_NUMBA", "1") != "0":
             rounds at point estimates, then the plan at lower confidence
             bounds.  ``room``: tokens the step can add before the cost
             model's knee, past which a token costs ``knee_slope`` more.
+            ``pass_offset``: draft passes a K_step = 0 step runs anyway
+            (``StepCostModel.pass_offset``); K_step = j adds j minus that.
             Fills ``k_out`` with each request's slots and returns (K_step,
             expected tokens, slots, decode seconds).
             """
@@ -123,15 +126,16 @@ if os.environ.get("VLLM_SPECPLUG_NUMBA", "1") != "0":
                 best_net = -np.inf
                 for j in range(j_lo, j_hi + 1):
                     tokens = batch + n_cum[j]
+                    pj = max(j - pass_offset, 0)
                     if not optimistic:
-                        sec = t_plain + a_tok * n_cum[j] + a_pass * j
+                        sec = t_plain + a_tok * n_cum[j] + a_pass * pj
                     elif j == 0:
                         sec = t_plain  # plain decoding is judged at its point estimate
                     else:
-                        sec = a0 + a_tok * tokens + a_pass * j
+                        sec = a0 + a_tok * tokens + a_pass * pj
                         if optimism > 0.0:
                             var = (c00 + tokens * (2.0 * c01 + c11 * tokens)
-                                   + j * (2.0 * c02 + c22 * j + (2.0 * c12) * tokens))
+                                   + pj * (2.0 * c02 + c22 * pj + (2.0 * c12) * tokens))
                             sec = max(sec - optimism * math.sqrt(max(var, 0.0)), 0.5 * sec)
                     if knee_slope > 0 and j > 0:
                         sec += knee_slope * (max(n_cum[j] - room, 0.0) - past0)
@@ -231,7 +235,7 @@ if os.environ.get("VLLM_SPECPLUG_NUMBA", "1") != "0":
             # Compile (or load from the cache) now, at start-up, not inside
             # the first scheduled step.
             _best_plan(np.ones((1, 1)), -1, 1, 1.0, 1.0, 0.1, 0.1, 1.1, 0.0, 1.0,
-                       0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1e300, 0.0, np.zeros(1, dtype=np.int64))
+                       0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1e300, 0.0, 0, np.zeros(1, dtype=np.int64))
             _advance_probes(np.zeros(1, dtype=np.int64), np.ones(1, dtype=np.int64),
                             np.zeros(1, dtype=np.intp), np.zeros((1, 7), dtype=np.int64),
                             np.zeros(1, dtype=bool), 0, 1, 4, 32, 3,

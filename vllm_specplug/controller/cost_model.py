@@ -16,6 +16,15 @@ actually measured.  The ridge term keeps directions that the data does not
 excite (e.g. ``K_step`` never varied yet) at the prior instead of letting
 them drift.
 
+Where the proposer's first pass runs at ``K_step = 0`` too (vLLM runs a draft
+model's or EAGLE head's first pass every step, to keep the draft's KV cache
+in sync), that pass is part of every step, plain ones included: the feature
+is then the passes *beyond* it, ``max(K_step - 1, 0)``, and ``K_step = 1``
+costs only the verification of its tokens (``CostPrior.draft_runs_at_k0``).
+A model linear in ``K_step`` itself charged ``K_step = 1`` most of a pass it
+does not add, fitted from steps at K_step = 0 and at larger K_step, and the
+policy fell back in large batches where one draft per request still paid.
+
 U is the number of tokens a draft model catches up on in a step (with
 zero-cost fallback it skips K_step=0 steps and processes the skipped tokens
 in one prefill-like pass before it drafts again).  A catch-up is one more
@@ -59,7 +68,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-FEATURES = ("intercept", "batch", "tokens", "k_step", "batch_x_k_step")
+FEATURES = ("intercept", "batch", "tokens", "draft_passes", "batch_x_draft_passes")
 # Candidate knees of the step time in tokens (see the module docstring):
 # 8 to ~11600, a factor sqrt(2) apart.
 KNEES = np.array(sorted({int(round(8 * 2 ** (i / 2))) for i in range(22)}), dtype=float)
@@ -75,6 +84,10 @@ class CostPrior:
     per_draft_pass: float = 0.0
     per_draft_token: float = 0.0
     per_catchup_token: float = 0.0
+    # True where the proposer's first pass runs at K_step = 0 as well
+    # (draft model or EAGLE without zero-cost fallback): the draft-pass
+    # features then count the passes beyond it (see the module docstring).
+    draft_runs_at_k0: bool = False
     # Pseudo-observations behind the prior: small, so data wins quickly.
     strength: float = 0.5
 
@@ -91,7 +104,8 @@ class CostPrior:
 
     @classmethod
     def for_platform(
-        cls, platform: str, draft_kind: str, draft_size_ratio: float = 0.0
+        cls, platform: str, draft_kind: str, draft_size_ratio: float = 0.0,
+        draft_runs_at_k0: bool = False,
     ) -> "CostPrior":
         """A starting shape for ``platform`` ('cpu', 'cuda', ...).
 
@@ -112,13 +126,15 @@ class CostPrior:
                 per_draft_token=ratio * per_token,
                 # A catch-up token is a prefill token for the draft model.
                 per_catchup_token=ratio * per_token,
+                draft_runs_at_k0=draft_runs_at_k0,
             )
         # n-gram / suffix lookups run on the host and cost little per step.
         return cls(per_token=per_token, per_request=per_request, per_draft_pass=0.005)
 
 
-def features(batch: float, tokens: float, k_step: float) -> np.ndarray:
-    return np.array([1.0, batch, tokens, k_step, batch * k_step])
+def features(batch: float, tokens: float, passes: float) -> np.ndarray:
+    """The model's regressors; ``passes`` are draft passes (``StepCostModel.draft_passes``)."""
+    return np.array([1.0, batch, tokens, passes, batch * passes])
 
 
 class StepCostModel:
@@ -144,6 +160,8 @@ class StepCostModel:
         # False where step times are not exact (async scheduling; set by the
         # scheduler): then a fast step is clipped like a slow one.
         self.keep_fast_steps = True
+        # Draft passes a step at K_step = 0 runs anyway (0 or 1).
+        self.pass_offset = 1 if self.prior.draft_runs_at_k0 else 0
         n = len(FEATURES)
         self._theta0 = self.prior.vector()
         self._ridge = self.prior.strength * np.eye(n)
@@ -176,8 +194,12 @@ class StepCostModel:
     def calibrated(self) -> bool:
         return self._scaled
 
+    def draft_passes(self, k_step: float) -> float:
+        """Draft passes a step with ``k_step`` positions adds to a K_step = 0 step."""
+        return max(k_step - self.pass_offset, 0)
+
     def predict(self, batch: float, tokens: float, k_step: float, catchup: float = 0.0) -> float:
-        return (float(features(batch, tokens, k_step) @ self._theta)
+        return (float(features(batch, tokens, self.draft_passes(k_step)) @ self._theta)
                 + self.knee_seconds(tokens) + self.catchup_seconds(catchup, batch))
 
     def knee_seconds(self, tokens: float) -> float:
@@ -213,10 +235,12 @@ class StepCostModel:
         over a few candidates (one per K_step) is cheaper than array calls.
         """
         # For a fixed batch the five features are linear in (1, tokens,
-        # k_step): x = P @ (1, tokens, k_step).  theta and the covariance
+        # passes): x = P @ (1, tokens, passes).  theta and the covariance
         # reduced through P are cached per batch size (they change only when
         # a step is observed), so a candidate plan costs a few flops.
         a0, a1, a2, (c00, c01, c02, c11, c12, c22) = self._reduced(batch)
+        off = self.pass_offset
+        k_steps = [k - off if k > off else 0 for k in k_steps]
         if optimism <= 0.0 or not self._scaled:
             return [a0 + a1 * t + a2 * k for t, k in zip(tokens, k_steps)]
         out = []
@@ -231,14 +255,16 @@ class StepCostModel:
         return self._reduced(batch)
 
     def linear_terms(self, batch: float) -> tuple[float, float, float]:
-        """Step seconds at this batch size as a0 + a_tok * tokens + a_pass * K_step."""
+        """Step seconds at this batch size as a0 + a_tok * tokens + a_pass * passes.
+
+        ``passes``: ``draft_passes(K_step)``."""
         a0, a1, a2, _ = self._reduced(batch)
         return a0, a1, a2
 
     def _reduced(self, batch: float) -> tuple:
-        """theta and the covariance reduced to (1, tokens, k_step), as floats.
+        """theta and the covariance reduced to (1, tokens, passes), as floats.
 
-        The reduction is x = P @ (1, tokens, k_step) with P's columns
+        The reduction is x = P @ (1, tokens, passes) with P's columns
         e0 + B e1, e2 and e3 + B e4; written out in scalars because it is
         redone after every observed step, for every plan, and 5x5 array
         products cost more in call overhead than in arithmetic.
@@ -301,7 +327,7 @@ class StepCostModel:
             self._skipped_drafting += 1
             return False
         # A catch-up is one more draft pass (its per-token part is below).
-        x = features(batch, tokens, k_step + 1 if catchup > 0 else k_step)
+        x = features(batch, tokens, self.draft_passes(k_step) + (1 if catchup > 0 else 0))
         if not self._scaled:
             # Express the prior in seconds using the first real measurement.
             unit = float(x @ self._theta0)

@@ -54,7 +54,9 @@ class GoodputPolicy:
     second.  The j with the largest net gain, expected accepted drafts minus
     lambda times the extra step time (verification and j draft passes), is
     the plan; none is plain decoding, whether the drafts are bad or the
-    batch is compute-bound.  lambda is found by Dinkelbach's iteration:
+    batch is compute-bound.  (Where the proposer's first pass runs at
+    K_step = 0 as well, j positions cost j - 1 passes more than plain:
+    ``StepCostModel.draft_passes``.)  lambda is found by Dinkelbach's iteration:
     start from plain decoding's rate, take the best plan's rate, repeat; it
     converges to the best achievable rate in a few rounds.
 
@@ -143,7 +145,7 @@ class GoodputPolicy:
                 -1 if fixed_k_step is None else int(fixed_k_step), self.ROUNDS, lam,
                 b0, b1, b2, t_plain, self._catchup_share,
                 self.optimism if cost.calibrated else 0.0, *cov,
-                room if room < math.inf else 1e300, knee_slope, k)
+                room if room < math.inf else 1e300, knee_slope, cost.pass_offset, k)
             return self._finish(j, tokens, n, seconds, k, batch, t_plain, prefill_s,
                                 fixed_k_step)
         # take[r, p] = 1.0 where slot (r, p) is granted; s * take beside it.
@@ -227,7 +229,8 @@ class GoodputPolicy:
             if js[0] == 0:
                 seconds[0] = t_plain  # plain decoding is judged at its point estimate
         else:
-            seconds = [t_plain + a_tok * n + a_pass * j for n, j in zip(n_cum, js)]
+            seconds = [t_plain + a_tok * n + a_pass * cost.draft_passes(j)
+                       for n, j in zip(n_cum, js)]
         if knee_slope > 0:
             # The knee's extra seconds for n slots, beyond the plain step's.
             past0 = max(-room, 0.0)

@@ -124,7 +124,8 @@ class Controller(Policy):
     """The real controller, driven as the scheduler drives it."""
 
     def __init__(self, setup: Setup, policy: str, static_k: int | None = None) -> None:
-        prior = CostPrior.for_platform(setup.device.platform, "model", setup.draft_size_ratio())
+        prior = CostPrior.for_platform(setup.device.platform, "model", setup.draft_size_ratio(),
+                                       draft_runs_at_k0=setup.draft_at_k0)
         self.controller = SpecController(
             ControllerSettings(max_k=setup.max_k, policy=policy, static_k=static_k),
             cost_prior=prior)

@@ -222,8 +222,12 @@ def markdown(meta: dict, setups: dict, agg: dict, summary: dict, tables: dict,
                      f"{100 * r['error']:+.1f}% | "
                      f"{'yes' if r['fitted'] else 'no (out of sample)'} |")
         errs = [abs(r["error"]) for r in calibration]
+        fitted = [abs(r["error"]) for r in calibration if r["fitted"]]
         L += ["", f"Median absolute error {100 * float(np.median(errs)):.1f}%, "
-              f"max {100 * max(errs):.1f}%.", ""]
+              f"max {100 * max(errs):.1f}% (fitted points: median "
+              f"{100 * float(np.median(fitted)):.1f}%). The adaptive rows were measured with "
+              "the controller of that time and are simulated with this one (see "
+              "`vllm_specplug/sim/calibration.py`).", ""]
     rows = summary["rows"]
     L += ["## Summary: goodput policy against the best fixed choice and the oracle", "",
           "`goodput / ref`: goodput policy over max(plain, best static K) of the same cell "
