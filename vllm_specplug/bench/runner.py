@@ -129,6 +129,14 @@ def configure_policy(llm, setup: Setup, policy: str, trace_path: str | None = No
         vllm_num_speculative_tokens=sched.num_spec_tokens) if table else None)
     if not llm.reset_prefix_cache():
         raise RuntimeError("could not reset the prefix cache between runs")
+    if setup.method == "draft_model":
+        from vllm_specplug.patches import draft_model_skip
+
+        drafter = core.model_executor.driver_worker.worker.model_runner.drafter
+        on = draft_model_skip.set_enabled(drafter, bool(overrides.get("zero_cost_fallback")))
+        # Before the controller is rebuilt: whether the draft runs at
+        # K_step=0 shapes its cost model.
+        overrides["zero_cost_fallback"] = on
     sp = sched.specplug
     if workload is not None and sp.enabled:
         # Park the controller of the policy that just ran.
@@ -142,12 +150,6 @@ def configure_policy(llm, setup: Setup, policy: str, trace_path: str | None = No
         sp.controller = _CONTROLLERS[key]
         if sp.metrics is not None:
             sp.metrics.controller_replaced(sp.controller)
-    if setup.method == "draft_model":
-        from vllm_specplug.patches import draft_model_skip
-
-        drafter = core.model_executor.driver_worker.worker.model_runner.drafter
-        on = draft_model_skip.set_enabled(drafter, bool(overrides.get("zero_cost_fallback")))
-        sched.specplug.zero_cost_fallback = sched.specplug.zero_cost_fallback and on
 
 
 def run_cell(llm, prompts, concurrency: int, speculative: bool) -> dict:
