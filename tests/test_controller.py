@@ -486,6 +486,34 @@ def test_a_first_draft_pass_run_at_k0_is_not_charged_to_one_draft():
         assert pol.decide(survival, ceilings, float(batch), linear).k_step == 0
 
 
+def test_a_plan_that_makes_the_draft_catch_up_is_not_tried_just_to_measure_it():
+    # The cost bound's optimism gets untried plans measured once.  With
+    # zero-cost fallback a plan that drafts first makes the draft catch up
+    # on every token it skipped (on the CPU profile, the time of 10-20 plain
+    # steps), so there plans are judged at the point estimate.
+    cm = StepCostModel(CostPrior(intercept=1.0, per_request=0.0, per_token=0.1,
+                                 per_draft_pass=0.3))
+    rng = np.random.default_rng(0)
+    for _ in range(40):  # plain steps only: the draft pass's price is unmeasured
+        tokens = 4 + int(rng.choice([0, 0, 32]))
+        cm.observe(4, tokens, 0, (0.5 + 0.1 * tokens) * rng.lognormal(0, 0.05))
+    survival = np.tile(np.cumprod([0.55] * 4), (4, 1))
+    ceilings = np.full(4, 4)
+    for use_compiled in (True, False):
+        pol = GoodputPolicy(use_compiled=use_compiled)
+        assert pol.decide(survival, ceilings, 4.0, cm).k_step > 0
+        assert pol.decide(survival, ceilings, 4.0, cm, explore=False).k_step == 0
+    # The controller explores only when no catch-up is pending.
+    ctrl = SpecController(ControllerSettings(max_k=4))
+    seen = []
+    decide = ctrl.goodput.decide
+    ctrl.goodput.decide = lambda *a, **kw: seen.append(kw["explore"]) or decide(*a, **kw)
+    ctrl.add_request("r")
+    ctrl.plan(["r"])
+    ctrl.plan(["r"], catchup_tokens=64)
+    assert seen == [True, False]
+
+
 def test_compiled_policy_loop_matches_the_numpy_path():
     # vllm_specplug.controller.compiled (numba, which comes with vLLM) and the
     # NumPy path must make the same decisions: fixed and free K_step, capped

@@ -189,14 +189,15 @@ def _cells(summary, setup, scenario):
 # - 70b-1b easy at c=1, 0.959 (0.964 over twelve other seeds; the last
 #   controller reached 0.963 and 0.967 on the same seeds): static K=8 is
 #   best, and the policy drafts a mean of 7.2 there.
-# - The CPU profile at four requests, easy, 0.968 (0.982 over twelve other
-#   seeds); at one request, 0.940-0.969 (mean k 0.01-0.04).  Plain
+# - The CPU profile at one request, 0.943-0.969 (mean k 0.02-0.04).  Plain
 #   decoding is best there; the few steps that speculate (a fresh request
-#   whose pooled estimate sits near the bar) each make the draft catch up on
-#   every token it skipped, up to ~190 tokens, the time of 10-20 plain steps.
-#   The plan does not charge the catch-up: charged, the debt grows with every
+#   whose estimate sits near the bar) each make the draft catch up on every
+#   token it skipped, up to ~190 tokens, the time of 10-20 plain steps.  The
+#   plan does not charge the catch-up: charged, the debt grows with every
 #   step in fallback and a request whose drafts turn perfect never resumes
-#   (tests/test_zero_cost_fallback.py).
+#   (tests/test_zero_cost_fallback.py).  At four requests, where easy was a
+#   known miss (0.968), every scenario reaches 0.991-1.001 since plans that
+#   need a catch-up are judged without the cost bound's optimism.
 # - 8b-eagle hard at c=1, 0.968 (0.971 over twelve other seeds; 0.973 and
 #   0.979 before the cost model learned that vLLM's first draft pass runs at
 #   K_step=0 too).  Static K=2 is best; priced right, K=1 costs only its
@@ -205,7 +206,7 @@ def _cells(summary, setup, scenario):
 #   where the true acceptance (0.45) makes K=2 worth it.
 TARGET = 0.97
 KNOWN_MISSES = {("70b-1b", "easy", 64): 0.93, ("70b-1b", "easy", 1): 0.95,
-                ("8b-eagle", "hard", 1): 0.95, ("cpu-qwen", "easy", 4): 0.95,
+                ("8b-eagle", "hard", 1): 0.95,
                 **{("cpu-qwen", scenario, 1): 0.92 for scenario in SCENARIOS}}
 
 

@@ -294,6 +294,9 @@ class SpecController:
                 self.cost,
                 fixed_k_step,
                 capped=self._last_capped,
+                # Trying an untried plan to measure it is cheap only when it
+                # does not first make the draft catch up on skipped tokens.
+                explore=not catchup_tokens,
             )
             self._catchup_tokens = catchup_tokens
             anchor = self._maybe_plain_anchor(decision) if fixed_k_step is None else decision

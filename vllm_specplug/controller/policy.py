@@ -92,6 +92,7 @@ class GoodputPolicy:
         self._ones = np.ones(0)
         self._positions_cache: dict = {}
         self._catchup_share = 0.0
+        self._optimism = optimism
         self._knee = (math.inf, 0.0)
         self._threshold = None
         # The compiled loop (vllm_specplug.controller.compiled) when numba is
@@ -107,14 +108,18 @@ class GoodputPolicy:
         fixed_k_step: int | None = None,
         capped: bool | None = None,
         catchup_tokens: float = 0.0,
+        explore: bool = True,
     ) -> Decision:
         """Best plan for ``survival`` (rows non-increasing along positions).
 
         ``base_tokens`` is what the step schedules besides drafts (one per
         decoding request plus prefill chunks).  ``capped`` says whether any
         ceiling is below the table's width (computed when None).
+        ``explore=False`` judges every plan at the cost model's point
+        estimate, without the optimism that gets untried plans measured.
         """
         batch, width = survival.shape
+        self._optimism = self.optimism if explore else 0.0
         if capped is None:
             capped = bool(ceilings.min(initial=width) < width)
         s = survival
@@ -144,7 +149,7 @@ class GoodputPolicy:
                 np.ascontiguousarray(s, dtype=np.float64),
                 -1 if fixed_k_step is None else int(fixed_k_step), self.ROUNDS, lam,
                 b0, b1, b2, t_plain, self._catchup_share,
-                self.optimism if cost.calibrated else 0.0, *cov,
+                self._optimism if cost.calibrated else 0.0, *cov,
                 room if room < math.inf else 1e300, knee_slope, cost.pass_offset, k)
             return self._finish(j, tokens, n, seconds, k, batch, t_plain, prefill_s,
                                 fixed_k_step)
@@ -225,7 +230,7 @@ class GoodputPolicy:
             if thresholds is not None:
                 thresholds = [thresholds[fixed_k_step]]
         if optimistic:
-            seconds = cost.predict_lower(batch, [batch + n for n in n_cum], js, self.optimism)
+            seconds = cost.predict_lower(batch, [batch + n for n in n_cum], js, self._optimism)
             if js[0] == 0:
                 seconds[0] = t_plain  # plain decoding is judged at its point estimate
         else:
