@@ -97,6 +97,10 @@ class AcceptanceEstimator:
         if row is not None:
             self._free_rows.append(row)
 
+    def _live_rows(self) -> np.ndarray:
+        """Every live request's row."""
+        return np.fromiter(self._rows.values(), dtype=np.intp, count=len(self._rows))
+
     def row(self, req_id: str) -> int:
         return self._rows[req_id]
 
@@ -172,7 +176,7 @@ class AcceptanceEstimator:
             # toward it, has moved: refresh every live row, not only the
             # ones just observed.
             self._surv_profile = profile
-            rows = np.fromiter(self._rows.values(), dtype=np.intp, count=len(self._rows))
+            rows = self._live_rows()
         self._refresh_survival(rows)
 
     # How strongly a request's estimate is pulled toward the pooled profile
@@ -198,7 +202,7 @@ class AcceptanceEstimator:
         traffic) get a strong pull toward the pool; a batch of easy and
         hard requests keeps the weak configured one.
         """
-        rows = np.fromiter(self._rows.values(), dtype=np.intp, count=len(self._rows))
+        rows = self._live_rows()
         t = self._trials[rows, 0]
         have = t >= 1.0
         strength = self.base_prior_strength

@@ -263,7 +263,7 @@ class Engine:
         # (K_step=0 steps) and must catch up on before it drafts again.
         self.draft_gap = np.zeros(cap, dtype=np.int64)
         self.catchup_pending = 0
-        self.catchup_cost = 0.0
+        self._catchup_slots, self._catchup_cost = np.zeros(0, dtype=np.int64), 0.0
         self.order = np.zeros(cap, dtype=np.int64)  # admission order (FIFO prefill)
         self.arrived = np.zeros(cap)  # arrival time (open loop: before any queueing)
         self.warm_started = np.zeros(cap, dtype=bool)
@@ -380,7 +380,9 @@ class Engine:
         catchup_slots = np.concatenate((dec, pre))
         zero_cost = self.policy.speculative and not setup.draft_at_k0
         self.catchup_pending = int(self.draft_gap[catchup_slots].sum()) if zero_cost else 0
-        self.catchup_cost = self._catchup_seconds(catchup_slots) if self.catchup_pending else 0.0
+        # Priced on first use (the oracle, or a step that drafts): most
+        # steps in fallback do neither.
+        self._catchup_slots, self._catchup_cost = catchup_slots, None
 
         k_step, k = self.policy.decide(self, dec, base_tokens)
         accepted = self.acc.draw(dec, k)
@@ -457,6 +459,14 @@ class Engine:
             if not self.spec.arrival_rate:
                 self._admit(s)
         return True
+
+    @property
+    def catchup_cost(self) -> float:
+        """Seconds of this step's draft catch-up, were it to draft (0 when none is pending)."""
+        if self._catchup_cost is None:
+            self._catchup_cost = (self._catchup_seconds(self._catchup_slots)
+                                  if self.catchup_pending else 0.0)
+        return self._catchup_cost
 
     def _catchup_seconds(self, slots: np.ndarray) -> float:
         """One draft pass over the skipped tokens of ``slots``, after their cached context."""
