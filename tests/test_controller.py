@@ -503,15 +503,21 @@ def test_a_plan_that_makes_the_draft_catch_up_is_not_tried_just_to_measure_it():
         pol = GoodputPolicy(use_compiled=use_compiled)
         assert pol.decide(survival, ceilings, 4.0, cm).k_step > 0
         assert pol.decide(survival, ceilings, 4.0, cm, explore=False).k_step == 0
-    # The controller explores only when no catch-up is pending.
+    # The controller explores when no catch-up is pending, and before the
+    # draft's price is measured (a fresh engine judged at its prior may
+    # never draft: test_scaling_server's perfect draft did not).
     ctrl = SpecController(ControllerSettings(max_k=4))
     seen = []
     decide = ctrl.goodput.decide
     ctrl.goodput.decide = lambda *a, **kw: seen.append(kw["explore"]) or decide(*a, **kw)
     ctrl.add_request("r")
+    ctrl.plan(["r"], catchup_tokens=64)
+    for k_step in (0, 0, 2, 2, 2, 2, 2, 2):  # two engine steps, two drafting ones unfitted
+        ctrl.observe_step(1, 1 + k_step, k_step, 0.01 * (1 + k_step))
+    assert ctrl.cost.num_drafting_observations == ctrl.EXPLORE_DRAFTING_STEPS
     ctrl.plan(["r"])
     ctrl.plan(["r"], catchup_tokens=64)
-    assert seen == [True, False]
+    assert seen == [True, True, False]
 
 
 def test_compiled_policy_loop_matches_the_numpy_path():

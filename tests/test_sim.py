@@ -196,8 +196,9 @@ def _cells(summary, setup, scenario):
 #   plan does not charge the catch-up: charged, the debt grows with every
 #   step in fallback and a request whose drafts turn perfect never resumes
 #   (tests/test_zero_cost_fallback.py).  At four requests, where easy was a
-#   known miss (0.968), every scenario reaches 0.991-1.001 since plans that
-#   need a catch-up are judged without the cost bound's optimism.
+#   known miss (0.968), every scenario reaches 0.973-1.005 since plans that
+#   need a catch-up are judged without the cost bound's optimism once the
+#   draft's price is measured.
 # - 8b-eagle hard at c=1, 0.968 (0.971 over twelve other seeds; 0.973 and
 #   0.979 before the cost model learned that vLLM's first draft pass runs at
 #   K_step=0 too).  Static K=2 is best; priced right, K=1 costs only its

@@ -294,9 +294,7 @@ class SpecController:
                 self.cost,
                 fixed_k_step,
                 capped=self._last_capped,
-                # Trying an untried plan to measure it is cheap only when it
-                # does not first make the draft catch up on skipped tokens.
-                explore=not catchup_tokens,
+                explore=self._may_explore(catchup_tokens),
             )
             self._catchup_tokens = catchup_tokens
             anchor = self._maybe_plain_anchor(decision) if fixed_k_step is None else decision
@@ -315,6 +313,25 @@ class SpecController:
         self._account(rows, decision)
         self.last_decision = decision
         return decision
+
+    # Drafting steps the cost model must have fitted before a plan that needs
+    # a draft catch-up is judged without optimism (see _may_explore).
+    EXPLORE_DRAFTING_STEPS = 4
+
+    def _may_explore(self, catchup_tokens: int) -> bool:
+        """Whether the plan may use the cost bound's optimism (untried plans look cheaper).
+
+        Optimism gets an untried plan measured once.  With zero-cost fallback
+        a plan that drafts first makes the draft catch up on every token it
+        skipped (on the CPU profile, the time of 10-20 plain steps), so once
+        the draft's price has been measured such a plan is judged at the
+        point estimate; re-entry after a long fallback is the probes' job.
+        Before that, a fresh engine must explore: its cost prior can price
+        drafts far off (7x too high on the tiny test models), and judged at
+        the prior a perfect draft never ran.
+        """
+        return (not catchup_tokens
+                or self.cost.num_drafting_observations < self.EXPLORE_DRAFTING_STEPS)
 
     def _apply_probes(self, rows: np.ndarray, ceilings: np.ndarray, decision: Decision,
                       base_tokens: float, fixed_k_step: int | None) -> None:

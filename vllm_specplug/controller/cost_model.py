@@ -170,6 +170,8 @@ class StepCostModel:
         self._theta = self._theta0.copy()
         self._scaled = False
         self.num_observations = 0
+        # Fitted steps that ran the draft (K_step > 0 or a catch-up).
+        self.num_drafting_observations = 0
         self.num_rejected = 0
         self._catchup_per_token = self.prior.per_catchup_token
         self.num_catchups = 0
@@ -393,6 +395,7 @@ class StepCostModel:
         self._w = lam * self._w + 1.0
         self._yy = lam * self._yy + seconds * seconds
         self.num_observations += 1
+        self.num_drafting_observations += k_step > 0 or catchup > 0
         if (self.num_observations >= self.KNEE_MIN_OBS
                 and self.num_observations % self.KNEE_EVERY == 0):
             self._choose_knee()
