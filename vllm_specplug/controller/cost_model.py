@@ -241,8 +241,7 @@ class StepCostModel:
         # reduced through P are cached per batch size (they change only when
         # a step is observed), so a candidate plan costs a few flops.
         a0, a1, a2, (c00, c01, c02, c11, c12, c22) = self._reduced(batch)
-        off = self.pass_offset
-        k_steps = [k - off if k > off else 0 for k in k_steps]
+        k_steps = [self.draft_passes(k) for k in k_steps]
         if optimism <= 0.0 or not self._scaled:
             return [a0 + a1 * t + a2 * k for t, k in zip(tokens, k_steps)]
         out = []
