@@ -638,3 +638,43 @@ def test_fast_steps_are_kept_when_timed_exactly_and_clipped_under_async():
         return cm.predict(2, 2, 0)
     assert after_one_fast_step(False) > 1.1
     assert after_one_fast_step(True) < after_one_fast_step(False) - 0.02
+
+
+def _eagle_c256_step(rng, decode_share=1 / 3):
+    """(tokens, seconds) of a step like the simulated 8B + EAGLE at c=256.
+
+    A third of the steps decode only: 256 requests, most with a draft
+    (416-512 tokens), a few without; the rest carry a 512-token prefill
+    chunk or more.  Memory-bound (flat) up to a ridge at 480 tokens,
+    compute-bound past it.
+    """
+    if rng.random() < decode_share:
+        drafts = int(rng.integers(0, 40)) if rng.random() < 0.15 else int(rng.integers(160, 257))
+        tokens = 256 + drafts
+    else:
+        tokens = 256 + int(rng.choice([512, 512, 1024, 1536]))
+    seconds = (0.001 + max(0.010, 0.010 * tokens / 480)) * rng.lognormal(0, 0.02)
+    return tokens, seconds
+
+
+def test_a_range_of_step_sizes_the_fit_misprices_is_fitted_not_dropped_as_stalls():
+    # Slow outliers are dropped (a stall says nothing about the step).  But
+    # a linear fit carried by the many steps with a prefill chunk prices
+    # every decode-only step too low, and each of those then looked like a
+    # stall: in the simulated 8B + EAGLE at c=256, 92 of 107 were dropped,
+    # and the fit never learnt what they cost.  A sample is now judged
+    # against recent steps of its own size; a lone stall still is dropped.
+    rng = np.random.default_rng(3)
+    cm = StepCostModel(CostPrior.for_platform("cuda", "model", 0.05, draft_runs_at_k0=True))
+    stalls = 0
+    for i in range(400):
+        tokens, seconds = _eagle_c256_step(rng, decode_share=0.25 if i < 100 else 1 / 3)
+        if i % 41 == 40:
+            seconds *= 8.0  # a stall
+            stalls += 1
+        cm.observe(257, tokens, 1, seconds)
+    assert cm.num_rejected >= stalls
+    assert cm.num_rejected < stalls + 20, cm.num_rejected
+    for tokens in (420, 512, 768, 1280):
+        truth = 0.001 + max(0.010, 0.010 * tokens / 480)
+        assert cm.predict(257, tokens, 1) == pytest.approx(truth, rel=0.12), tokens

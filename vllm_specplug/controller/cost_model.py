@@ -53,7 +53,11 @@ from the first token) the model stays linear.
 Timing is noisy and can be garbage (a stalled clock, a GC pause); a sample
 that is not finite or not positive is dropped, and after warm-up a sample
 slower than predicted is clipped to a band scaled by the running error
-(dropped when it lies far outside it), so one outlier cannot swing K.
+(dropped when it lies far outside it), so one outlier cannot swing K.  The
+band is centred on the recent residuals of steps of about the same size: a
+fit that misprices a whole range of step sizes (a linear fit carried by
+prefill-heavy steps, pricing decode-only steps 35% low) is corrected by
+those steps, not rid of them as stalls.
 Stalls only ever make a step slower, so a faster step is kept as measured
 (except under async scheduling, where a step's timing can be split with its
 neighbour's).
@@ -152,6 +156,8 @@ class StepCostModel:
         self.forgetting = forgetting
         self._rel_scale = 0.5
         self._rel_hist: collections.deque = collections.deque(maxlen=32)
+        # Recent relative residuals per token range (see observe).
+        self._bucket_rel: dict[int, collections.deque] = {}
         self._resid_var = 0.0
         self._cov: np.ndarray | None = None
         self._reduced_cache: dict[float, tuple] = {}
@@ -349,11 +355,22 @@ class StepCostModel:
             # running scale, so a GC pause or a stalled clock moves the fit
             # by at most a little.
             rel = seconds / pred - 1.0
+            # Judged against the recent residuals of steps of about the same
+            # size, not against the fit alone.  A stall is a lone slow step;
+            # a model that misprices a whole range of step sizes is slow (or
+            # fast) on every step there.  Measured on the simulated 8B +
+            # EAGLE at c=256: a linear fit carried by the steps with a
+            # prefill chunk (768+ tokens) priced the decode-only steps (256
+            # tokens, a third of all steps) 35% low, and 92 of 107 of them
+            # were dropped as stalls, so nothing ever told the fit (or the
+            # knee test) that those steps cost more than it said.
+            bias = self._bucket_bias(tokens, rel)
+            rel_local = (1.0 + rel) / (1.0 + bias) - 1.0
             bound = 3.0 * max(self._rel_scale, 0.05)
             # The band is the median relative error of recent steps: robust
             # to the outliers it clips (an average of clipped errors let a
             # run of outliers widen the band until they passed unclipped).
-            self._rel_hist.append(abs(rel))
+            self._rel_hist.append(abs(rel_local))
             self._rel_scale = statistics.median(self._rel_hist)
             # Only a slow step is suspect where steps are timed exactly.  A
             # step much faster than predicted says the prediction is wrong
@@ -364,18 +381,18 @@ class StepCostModel:
             # from the end of the previous step's update, so a late update
             # splits the time unevenly between two steps and a fast sample
             # can be an artifact: there both sides are suspect.
-            if rel > bound or (rel < -bound and not self.keep_fast_steps):
+            if rel_local > bound or (rel_local < -bound and not self.keep_fast_steps):
                 self.num_rejected += 1
-                if abs(rel) > 2.0 * bound:
+                if abs(rel_local) > 2.0 * bound:
                     # Far outside the band: a stall or a clock jump, not what
                     # the step cost.  Even clipped, each such sample pushes
                     # the fit the same way (stalls are only ever slow), and
                     # in directions that few steps excite (long drafts while
                     # most steps are plain) it stays pushed.  Dropped; a real
-                    # change in cost persists, widens the band (the median
-                    # above) and is then fitted.
+                    # change in cost persists, moves the residuals of its
+                    # step sizes (the bias above) and is then fitted.
                     return False
-                seconds = pred * (1.0 + max(-bound, min(rel, bound)))
+                seconds = pred * (1.0 + bias) * (1.0 + max(-bound, min(rel_local, bound)))
         if self.num_observations == 0:
             # Before any residual is seen, assume a tenth of a step.
             self._resid_var = (0.1 * seconds) ** 2
@@ -400,6 +417,25 @@ class StepCostModel:
             self._choose_knee()
         self._refit()
         return True
+
+    BUCKET_HISTORY = 5
+    BUCKET_MIN = 3
+
+    def _bucket_bias(self, tokens: float, rel: float) -> float:
+        """The median relative residual of recent steps of about this size.
+
+        Steps are grouped by the knee grid (sizes a factor sqrt(2) apart);
+        the median of the last few (this one included) is 0 until
+        ``BUCKET_MIN`` are in, and a lone stall cannot move it.
+        """
+        key = int(np.searchsorted(KNEES, tokens))
+        hist = self._bucket_rel.get(key)
+        if hist is None:
+            hist = self._bucket_rel[key] = collections.deque(maxlen=self.BUCKET_HISTORY)
+        hist.append(rel)
+        if len(hist) < self.BUCKET_MIN:
+            return 0.0
+        return statistics.median(hist)
 
     # A knee is looked for once this many steps are in, then every KNEE_EVERY
     # steps, and adopted when it leaves at most KNEE_GAIN of the linear
