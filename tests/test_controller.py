@@ -678,3 +678,22 @@ def test_a_range_of_step_sizes_the_fit_misprices_is_fitted_not_dropped_as_stalls
     for tokens in (420, 512, 768, 1280):
         truth = 0.001 + max(0.010, 0.010 * tokens / 480)
         assert cm.predict(257, tokens, 1) == pytest.approx(truth, rel=0.12), tokens
+
+
+def test_a_knee_just_above_the_decode_steps_is_found_and_kept():
+    # Decode-only steps that all draft sit at 420-512 tokens, steps with a
+    # prefill chunk at 768 and more.  The knee at 512 fits best, but it
+    # asked for steps at or below 362 (the candidate below it), which only
+    # undrafted steps provide; the model flipped between 512, 724 and no
+    # knee, and the slope below 724 is twice the one below 512.
+    rng = np.random.default_rng(4)
+    cm = StepCostModel(CostPrior.for_platform("cuda", "model", 0.05, draft_runs_at_k0=True))
+    knees = []
+    for _ in range(400):
+        tokens, seconds = _eagle_c256_step(rng)
+        cm.observe(257, tokens, 1, seconds)
+        knees.append(cm.knee)
+    assert set(knees[-200:]) == {512.0}, sorted(set(map(str, knees[-200:])))
+    # The price of a draft in a decode-only step: nearly free below the ridge.
+    cheap = cm.predict(257, 512, 1) - cm.predict(257, 420, 1)
+    assert cheap < 0.5 * (0.010 * 92 / 480), cheap

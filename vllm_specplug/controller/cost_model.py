@@ -192,6 +192,10 @@ class StepCostModel:
         self._hy = np.zeros(KNEES.size)
         self._yy = 0.0
         self._h_past = np.zeros(KNEES.size)  # forgotten count of steps past each knee
+        # Forgotten sums of tokens and tokens^2 over the steps at or below
+        # each knee (their spread; see _choose_knee).
+        self._lo_t = np.zeros(KNEES.size)
+        self._lo_tt = np.zeros(KNEES.size)
         self._w = 0.0  # forgotten count of all steps
 
     @property
@@ -408,6 +412,9 @@ class StepCostModel:
         self._hh = lam * self._hh + h * h
         self._hy = lam * self._hy + h * seconds
         self._h_past = lam * self._h_past + (h > 0)
+        at_or_below = h <= 0
+        self._lo_t = lam * self._lo_t + at_or_below * float(tokens)
+        self._lo_tt = lam * self._lo_tt + at_or_below * float(tokens) ** 2
         self._w = lam * self._w + 1.0
         self._yy = lam * self._yy + seconds * seconds
         self.num_observations += 1
@@ -444,6 +451,7 @@ class StepCostModel:
     KNEE_EVERY = 16
     KNEE_GAIN = 0.7
     KNEE_SIDE = 0.1
+    KNEE_SPREAD = 0.1
 
     def _system(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         """The ridge system with candidate knee ``i`` (-1: linear)."""
@@ -506,17 +514,31 @@ class StepCostModel:
         errs = (self._yy - 2.0 * np.einsum("ij,ij->i", thetas, data_b)
                 + np.einsum("ij,ijk,ik->i", thetas, data, thetas))
         # A knee must add cost (convex: past the ridge tokens cost more) and
-        # have steps clearly on both sides: at or below the candidate below
-        # it, and past the one above it.  A knee at the smallest step (the
-        # plain steps' tokens) is the linear model with its token slope
-        # split in two, half of it freed from the prior; it would win
-        # whenever the prior's token price is off.
+        # have steps clearly on both sides: past the candidate above it, and
+        # below it either at or below the candidate below it, or at or below
+        # the knee itself with sizes that differ (a spread of at least
+        # KNEE_SPREAD of the knee), so that the slope below it is measured.
+        # A knee at the plain steps' tokens, with every step below it of one
+        # size, is the linear model with its token slope split in two, half
+        # of it freed from the prior; it would win whenever the prior's
+        # token price is off.  (The spread was added for the simulated 8B +
+        # EAGLE at c=256: decode-only steps that draft sit at 420-512
+        # tokens, so a knee at 512 qualified only while a few steps went
+        # undrafted, and the model flipped between 512, 724 and none; the
+        # slope below 724 is twice the one below 512, and half the requests
+        # went undrafted in steps where their drafts were almost free.)
         side = self.KNEE_SIDE * self._w
-        below = np.zeros(KNEES.size)
-        below[1:] = self._w - self._h_past[:-1]
+        below = self._w - self._h_past
+        well_below = np.zeros(KNEES.size)
+        well_below[1:] = below[:-1]
         past = np.zeros(KNEES.size)
         past[:-1] = self._h_past[1:]
-        ok = (thetas[:, n] > 0) & np.isfinite(errs) & (below >= side) & (past >= side)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            mean_lo = self._lo_t / below
+            spread_lo = np.sqrt(np.maximum(self._lo_tt / below - mean_lo ** 2, 0.0))
+        below_ok = (well_below >= side) | (
+            (below >= side) & (spread_lo >= self.KNEE_SPREAD * KNEES))
+        ok = (thetas[:, n] > 0) & np.isfinite(errs) & below_ok & (past >= side)
         if ok.any():
             i = int(np.argmin(np.where(ok, errs, np.inf)))
             if errs[i] < self.KNEE_GAIN * best_err:
