@@ -697,3 +697,37 @@ def test_a_knee_just_above_the_decode_steps_is_found_and_kept():
     # The price of a draft in a decode-only step: nearly free below the ridge.
     cheap = cm.predict(257, 512, 1) - cm.predict(257, 420, 1)
     assert cheap < 0.5 * (0.010 * 92 / 480), cheap
+
+
+def test_probes_wait_for_a_step_below_the_knee():
+    # Past the knee a draft costs its compute, below it almost nothing.  In
+    # the simulated 8B + EAGLE at c=256 two steps in three carry a prefill
+    # chunk that pushes them past the knee, and runs of them sent 29 probes
+    # a step into the expensive steps.  A due probe now waits for a step
+    # that stays below the knee (up to twice its back-off).
+    rng = np.random.default_rng(6)
+    ctrl = SpecController(ControllerSettings(max_k=4),
+                          CostPrior.for_platform("cuda", "model", 0.05, draft_runs_at_k0=True))
+    for _ in range(200):  # the roofline is learnt first (see the knee test above)
+        tokens, seconds = _eagle_c256_step(rng)
+        ctrl.observe_step(257, tokens, 1, seconds)
+    assert ctrl.cost.knee == 512.0
+    ids = [f"r{i}" for i in range(256)]
+    for r in ids:
+        ctrl.add_request(r)
+    previous = np.zeros(256, dtype=int)
+    probes = {False: [], True: []}
+    for _ in range(300):
+        prefill = 512 if rng.random() < 2 / 3 else 0
+        sent = ctrl.stats.probes_sent
+        d = ctrl.plan(ids, base_tokens=256 + prefill)
+        accepted = [simulate_verification(rng, 0.1, k) for k in previous.tolist()]
+        ctrl.observe_verifications(ids, previous.tolist(), accepted)
+        tokens = 256 + prefill + int(d.k.sum())
+        ctrl.observe_step(256 + (prefill > 0), tokens, d.k_step,
+                          0.001 + max(0.010, 0.010 * tokens / 480))
+        previous = d.k.copy()
+        probes[prefill > 0].append(ctrl.stats.probes_sent - sent)
+    assert ctrl.num_in_fallback() > 200  # drafts accepted at 0.1 do not pay
+    below, past = np.mean(probes[False]), np.mean(probes[True])
+    assert below > 0 and past < 0.25 * below, (below, past)
