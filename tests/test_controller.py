@@ -731,3 +731,29 @@ def test_probes_wait_for_a_step_below_the_knee():
     assert ctrl.num_in_fallback() > 200  # drafts accepted at 0.1 do not pay
     below, past = np.mean(probes[False]), np.mean(probes[True])
     assert below > 0 and past < 0.25 * below, (below, past)
+
+
+def test_a_knee_is_found_from_the_few_steps_that_carry_a_prefill_chunk():
+    # At c=8 a decode step (8 requests, up to 8 drafts each: 8-72 tokens)
+    # stays below a 70B target's ridge (about 180 tokens a pass on H200);
+    # only the one step in twenty that carries a 512-token prefill chunk is
+    # past it.  Asked for a tenth of the steps past the knee, the model
+    # stayed linear, and those few steps priced every verified token at 90
+    # us (the simulated 70b-1b, drift, c=8): the cost went to the tokens, a
+    # draft pass looked a third of its price, and drafts spread unevenly
+    # over the batch (mean K_step 4.8 for a mean k of 3.9).
+    rng = np.random.default_rng(8)
+    cm = StepCostModel(CostPrior.for_platform("cuda", "model", 0.02, draft_runs_at_k0=True))
+
+    def truth(tokens, k_step):
+        return 0.002 + max(0.020, 0.020 * tokens / 180) + 0.0006 * max(k_step - 1, 0)
+
+    for _ in range(300):
+        k_step = int(rng.integers(0, 9))
+        tokens = 8 + int(rng.integers(0, 8 * k_step + 1))
+        if rng.random() < 0.05:
+            tokens += 512
+        cm.observe(8, tokens, k_step, truth(tokens, k_step) * rng.lognormal(0, 0.02))
+    assert cm.knee is not None and cm.knee <= 362
+    for tokens, k_step in ((8, 0), (40, 4), (72, 8)):
+        assert cm.predict(8, tokens, k_step) == pytest.approx(truth(tokens, k_step), rel=0.05)

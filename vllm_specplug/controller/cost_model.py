@@ -451,6 +451,10 @@ class StepCostModel:
     KNEE_EVERY = 16
     KNEE_GAIN = 0.7
     KNEE_SIDE = 0.1
+    # Steps past the knee may be few: at small batch only the steps that
+    # carry a prefill chunk get there (one in twenty at c=8), and without a
+    # knee those few pull the linear fit's token price up for every step.
+    KNEE_PAST_SIDE = 0.03
     KNEE_SPREAD = 0.1
 
     def _system(self, i: int) -> tuple[np.ndarray, np.ndarray]:
@@ -514,10 +518,11 @@ class StepCostModel:
         errs = (self._yy - 2.0 * np.einsum("ij,ij->i", thetas, data_b)
                 + np.einsum("ij,ijk,ik->i", thetas, data, thetas))
         # A knee must add cost (convex: past the ridge tokens cost more) and
-        # have steps clearly on both sides: past the candidate above it, and
-        # below it either at or below the candidate below it, or at or below
-        # the knee itself with sizes that differ (a spread of at least
-        # KNEE_SPREAD of the knee), so that the slope below it is measured.
+        # have steps clearly on both sides: past the candidate above it (a
+        # few will do: KNEE_PAST_SIDE), and below it either at or below the
+        # candidate below it, or at or below the knee itself with sizes that
+        # differ (a spread of at least KNEE_SPREAD of the knee), so that the
+        # slope below it is measured.
         # A knee at the plain steps' tokens, with every step below it of one
         # size, is the linear model with its token slope split in two, half
         # of it freed from the prior; it would win whenever the prior's
@@ -538,7 +543,8 @@ class StepCostModel:
             spread_lo = np.sqrt(np.maximum(self._lo_tt / below - mean_lo ** 2, 0.0))
         below_ok = (well_below >= side) | (
             (below >= side) & (spread_lo >= self.KNEE_SPREAD * KNEES))
-        ok = (thetas[:, n] > 0) & np.isfinite(errs) & below_ok & (past >= side)
+        past_ok = past >= self.KNEE_PAST_SIDE * self._w
+        ok = (thetas[:, n] > 0) & np.isfinite(errs) & below_ok & past_ok
         if ok.any():
             i = int(np.argmin(np.where(ok, errs, np.inf)))
             if errs[i] < self.KNEE_GAIN * best_err:
