@@ -113,9 +113,34 @@ def test_estimator_pools_alike_requests_and_keeps_different_ones_apart():
     apart, first = run([0.9] * 16 + [0.3] * 16, 1)
     assert apart.prior_strength < 8
     assert first[:16].mean() - first[16:].mean() > 0.4  # 0.6 apart
-    # Too few requests to tell: the configured strength.
+    # Too few requests to tell: a middle pull (see the next test).
     few, _ = run([0.8] * 4, 2)
-    assert few.prior_strength == 0.5
+    assert few.prior_strength == AcceptanceEstimator.POOL_FEW_STRENGTH
+
+
+def test_a_lone_requests_deeper_positions_borrow_from_the_pool(monkeypatch):
+    # One request, drafts accepted at 0.45 a position: position 2 is tried
+    # only after position 1 was accepted, so its own estimate rests on a
+    # handful of forgotten trials.  With the configured weak pull the
+    # simulated 8B + EAGLE at one request on hard text took K=1 where K=2
+    # pays (0.968 of the best static K).  With fewer requests than can be
+    # compared the pull toward the pool (at one request, its own longer
+    # history) is a middle one.
+    def rms_error(few, seed):
+        monkeypatch.setattr(AcceptanceEstimator, "POOL_FEW_STRENGTH", few)
+        rng = np.random.default_rng(seed)
+        est = AcceptanceEstimator(4, forgetting=0.9, prior_strength=0.5)
+        row = np.array([est.add("a")])
+        errors = []
+        for i in range(300):
+            est.observe_rows(row, np.array([4]), np.array([simulate_verification(rng, 0.45, 4)]))
+            if i >= 100:
+                errors.append(est.survival(row)[0, 1] - 0.45 ** 2)
+        return float(np.sqrt(np.mean(np.square(errors))))
+
+    weak = np.mean([rms_error(0.5, seed) for seed in range(5)])
+    middle = np.mean([rms_error(4.0, seed) for seed in range(5)])
+    assert middle < 0.85 * weak and middle < 0.08, (weak, middle)
 
 
 def test_estimator_frees_and_reuses_rows():

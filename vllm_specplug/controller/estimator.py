@@ -186,6 +186,9 @@ class AcceptanceEstimator:
     POOL_EVERY = 8
     POOL_MIN_ROWS = 8
     POOL_MAX_STRENGTH = 16.0
+    # The pull while fewer than POOL_MIN_ROWS requests can be compared (see
+    # _update_prior_strength).
+    POOL_FEW_STRENGTH = 4.0
 
     def _update_prior_strength(self) -> bool:
         """Set the prior strength from the live requests' spread; True when it changed.
@@ -200,14 +203,26 @@ class AcceptanceEstimator:
         beyond what sampling explains; a beta prior with that variance has
         ``v / tau2 - 1`` pseudo-trials.  Alike requests (easy or hard
         traffic) get a strong pull toward the pool; a batch of easy and
-        hard requests keeps the weak configured one.
+        hard requests keeps the weak configured one; fewer than
+        ``POOL_MIN_ROWS`` requests, which cannot be compared, a middle one.
         """
         rows = self._live_rows()
         t = self._trials[rows, 0]
         have = t >= 1.0
         strength = self.base_prior_strength
         cap = max(self.POOL_MAX_STRENGTH, strength)  # never below the configured pull
-        if np.count_nonzero(have) >= self.POOL_MIN_ROWS:
+        if np.count_nonzero(have) < self.POOL_MIN_ROWS:
+            # Too few requests to tell how much they differ.  The pool is
+            # then mostly the same few requests' longer history (forgotten
+            # over ~100 verifications, a request's own estimate over ~10),
+            # and the configured weak pull left a lone request's deeper
+            # positions to a handful of censored trials: on the simulated
+            # 8B + EAGLE at one request on hard text it took K=1 in 27% of
+            # steps where K=2 pays (0.968 of the best static K; 0.983 with
+            # this pull, and every c=1 cell of tests/test_sim.py 0.988 ->
+            # 0.994 on average, drift and switch included).
+            strength = max(strength, self.POOL_FEW_STRENGTH)
+        else:
             t, succ = t[have], self._succ[rows[have], 0]
             total = float(t.sum())
             g = float(succ.sum()) / total
