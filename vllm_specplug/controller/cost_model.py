@@ -192,10 +192,6 @@ class StepCostModel:
         self._hy = np.zeros(KNEES.size)
         self._yy = 0.0
         self._h_past = np.zeros(KNEES.size)  # forgotten count of steps past each knee
-        # Forgotten sums of tokens and tokens^2 over the steps at or below
-        # each knee (their spread; see _choose_knee).
-        self._lo_t = np.zeros(KNEES.size)
-        self._lo_tt = np.zeros(KNEES.size)
         self._w = 0.0  # forgotten count of all steps
 
     @property
@@ -412,9 +408,6 @@ class StepCostModel:
         self._hh = lam * self._hh + h * h
         self._hy = lam * self._hy + h * seconds
         self._h_past = lam * self._h_past + (h > 0)
-        at_or_below = h <= 0
-        self._lo_t = lam * self._lo_t + at_or_below * float(tokens)
-        self._lo_tt = lam * self._lo_tt + at_or_below * float(tokens) ** 2
         self._w = lam * self._w + 1.0
         self._yy = lam * self._yy + seconds * seconds
         self.num_observations += 1
@@ -538,11 +531,8 @@ class StepCostModel:
         well_below[1:] = below[:-1]
         past = np.zeros(KNEES.size)
         past[:-1] = self._h_past[1:]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            mean_lo = self._lo_t / below
-            spread_lo = np.sqrt(np.maximum(self._lo_tt / below - mean_lo ** 2, 0.0))
         below_ok = (well_below >= side) | (
-            (below >= side) & (spread_lo >= self.KNEE_SPREAD * KNEES))
+            (below >= side) & (self._spread_below(below) >= self.KNEE_SPREAD * KNEES))
         past_ok = past >= self.KNEE_PAST_SIDE * self._w
         ok = (thetas[:, n] > 0) & np.isfinite(errs) & below_ok & past_ok
         if ok.any():
@@ -555,6 +545,22 @@ class StepCostModel:
             self.knee_slope = 0.0
             self._reduced_cache.clear()
             self._cov = None
+
+    def _spread_below(self, below: np.ndarray) -> np.ndarray:
+        """Per candidate knee, the (forgotten) std of the tokens of the steps at or below it.
+
+        Derived from statistics the fit keeps anyway: all steps' sums of T
+        and T^2 are in ``_xtx``; past a knee T = h + knee, and ``_hx``,
+        ``_hh`` and ``_h_past`` hold the sums of h, h^2 and the count there.
+        ``below`` is the forgotten count of steps at or below each knee.
+        """
+        i, t = FEATURES.index("intercept"), FEATURES.index("tokens")
+        sum_h = self._hx[:, i]
+        past_t = sum_h + KNEES * self._h_past
+        past_tt = self._hh + 2.0 * KNEES * sum_h + KNEES ** 2 * self._h_past
+        with np.errstate(divide="ignore", invalid="ignore"):
+            mean = (self._xtx[i, t] - past_t) / below
+            return np.sqrt(np.maximum((self._xtx[t, t] - past_tt) / below - mean ** 2, 0.0))
 
     @staticmethod
     def _solve_nonnegative(a: np.ndarray, b: np.ndarray):
