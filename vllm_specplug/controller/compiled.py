@@ -125,18 +125,20 @@ if os.environ.get("VLLM_SPECPLUG_NUMBA", "1") != "0":
                         n_cum[j] = n
                 best_net = -np.inf
                 for j in range(j_lo, j_hi + 1):
-                    tokens = batch + n_cum[j]
                     pj = max(j - pass_offset, 0)
                     if not optimistic:
                         sec = t_plain + a_tok * n_cum[j] + a_pass * pj
                     elif j == 0:
                         sec = t_plain  # plain decoding is judged at its point estimate
                     else:
+                        # predict_lower's bound, floored halfway from a plain step.
+                        tokens = batch + n_cum[j]
                         sec = a0 + a_tok * tokens + a_pass * pj
                         if optimism > 0.0:
                             var = (c00 + tokens * (2.0 * c01 + c11 * tokens)
                                    + pj * (2.0 * c02 + c22 * pj + (2.0 * c12) * tokens))
-                            sec = max(sec - optimism * math.sqrt(max(var, 0.0)), 0.5 * sec)
+                            sec = max(sec - optimism * math.sqrt(max(var, 0.0)),
+                                      0.5 * (a0 + a_tok * batch + sec))
                     if knee_slope > 0 and j > 0:
                         sec += knee_slope * (max(n_cum[j] - room, 0.0) - past0)
                     if share > 0 and j > 0:
