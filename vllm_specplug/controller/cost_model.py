@@ -245,12 +245,13 @@ class StepCostModel:
         batch``, no draft pass) to the plan's point estimate: a plan does
         the plain step's work and more, and the policy compares it with a
         plain step at its point estimate.  The floor used to be half the
-        plan's own estimate, which a cheap drafting step reaches below a
-        plain one.  Seen in CI on the tiny test models (a draft pass about
-        half a plain step, the draft accepted 3% of the time): one new
-        request's prefill, priced at 2.7x what it took, raised the residual
-        scale sixteenfold, the bound of a one-draft step fell 30% below a
-        plain step, and the draft ran in 131 of 192 request-steps.  Plain
+        plan's own estimate, which lies below a plain step wherever a
+        drafting step costs less than twice a plain one.  In CI, on the tiny
+        test models (a draft pass about half a plain step), a draft accepted
+        3% of the time was run in 131 of 192 request-steps.  A trace of the
+        same test here: one new request's prefill, priced at 2.7x what it
+        took, raised the residual scale sixteenfold, and the bound of a
+        one-draft step fell to that floor, 30% below a plain step.  Plain
         Python over a few candidates (one per K_step) is cheaper than array
         calls.
         """
