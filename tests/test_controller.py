@@ -700,6 +700,12 @@ def test_fast_steps_are_kept_when_timed_exactly_and_clipped_under_async():
     assert after_one_fast_step(True) < after_one_fast_step(False) - 0.02
 
 
+def _eagle_c256_seconds(tokens):
+    """A step's time in the simulated 8B + EAGLE at c=256: flat up to a ridge at
+    480 tokens (memory-bound), then proportional to the tokens (compute-bound)."""
+    return 0.001 + max(0.010, 0.010 * tokens / 480)
+
+
 def _eagle_c256_step(rng, decode_share=1 / 3):
     """(tokens, seconds) of a step like the simulated 8B + EAGLE at c=256.
 
@@ -713,7 +719,7 @@ def _eagle_c256_step(rng, decode_share=1 / 3):
         tokens = 256 + drafts
     else:
         tokens = 256 + int(rng.choice([512, 512, 1024, 1536]))
-    seconds = (0.001 + max(0.010, 0.010 * tokens / 480)) * rng.lognormal(0, 0.02)
+    seconds = _eagle_c256_seconds(tokens) * rng.lognormal(0, 0.02)
     return tokens, seconds
 
 
@@ -736,8 +742,8 @@ def test_a_range_of_step_sizes_the_fit_misprices_is_fitted_not_dropped_as_stalls
     assert cm.num_rejected >= stalls
     assert cm.num_rejected < stalls + 20, cm.num_rejected
     for tokens in (420, 512, 768, 1280):
-        truth = 0.001 + max(0.010, 0.010 * tokens / 480)
-        assert cm.predict(257, tokens, 1) == pytest.approx(truth, rel=0.12), tokens
+        assert cm.predict(257, tokens, 1) == pytest.approx(_eagle_c256_seconds(tokens),
+                                                           rel=0.12), tokens
 
 
 def test_a_knee_just_above_the_decode_steps_is_found_and_kept():
@@ -785,7 +791,7 @@ def test_probes_wait_for_a_step_below_the_knee():
         ctrl.observe_verifications(ids, previous.tolist(), accepted)
         tokens = 256 + prefill + int(d.k.sum())
         ctrl.observe_step(256 + (prefill > 0), tokens, d.k_step,
-                          0.001 + max(0.010, 0.010 * tokens / 480))
+                          _eagle_c256_seconds(tokens))
         previous = d.k.copy()
         probes[prefill > 0].append(ctrl.stats.probes_sent - sent)
     assert ctrl.num_in_fallback() > 200  # drafts accepted at 0.1 do not pay

@@ -19,6 +19,8 @@ import pytest
 import requests
 import yaml
 
+from vllm_specplug.trace import read_trace
+
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "configs"
 START_TIMEOUT_S = 300
@@ -210,7 +212,7 @@ def test_metrics_and_trace_agree_with_vllm_counters(adaptive_server):
     assert metric_sum(m, "vllm:specplug_estimated_acceptance", position="1") > 0.8
     assert metric_sum(m, "vllm:specplug_measured_step_seconds_total") > 0
     # The trace parses, and its verified counts are vLLM's own counters.
-    records = [json.loads(line) for line in adaptive_server.trace_path.read_text().splitlines()]
+    records = read_trace(adaptive_server.trace_path)
     plans = [r for r in records if r["event"] == "plan"]
     verifies = [r for r in records if r["event"] == "verify"]
     assert plans and verifies
@@ -326,7 +328,7 @@ def decisions(trace: Path) -> str:
         return "-" if seconds is None else f"{1e3 * seconds:.2f}"
 
     measured, out = {}, []
-    records = [json.loads(line) for line in trace.read_text().splitlines()]
+    records = read_trace(trace)
     for r in records:
         if r["event"] == "verify":
             measured[r["step"]] = r.get("measured_s")
