@@ -50,6 +50,7 @@ class ControllerStats:
     probes_succeeded: int = 0
     recoveries: int = 0
     plain_anchors: int = 0
+    plain_anchors_skipped: int = 0
     drafted: int = 0
     accepted: int = 0
     # k_counts[k]: request-steps that were granted k drafts.
@@ -93,6 +94,9 @@ class SpecController:
         self._since_plain = 0
         self._anchor_left = 0
         self._anchor_interval = self.PLAIN_ANCHOR_FIRST
+        self._anchors_skipped_in_row = 0
+        # Measured seconds of the latest plain decode-only step, per batch size.
+        self._plain_measured: dict[int, float] = {}
         self._due_buffer = np.empty(0, dtype=np.int64)
         self._alloc(self.estimator.capacity)
         self.stats = ControllerStats(k_counts=np.zeros(settings.max_k + 1, dtype=np.int64))
@@ -254,7 +258,9 @@ class SpecController:
 
     def observe_step(self, batch: int, tokens: int, k_step: int, seconds: float,
                      catchup_tokens: int = 0) -> None:
-        self.cost.observe(batch, tokens, k_step, seconds, catchup_tokens)
+        kept = self.cost.observe(batch, tokens, k_step, seconds, catchup_tokens)
+        if kept and k_step == 0 and tokens == batch and not catchup_tokens:
+            self._plain_measured[int(batch)] = float(seconds)
 
     # -- deciding ----------------------------------------------------------
     def plan(
@@ -473,6 +479,13 @@ class SpecController:
     # drafts; the second is a pure plain step (one token per request, no
     # draft pass), the point the fit needs.
     PLAIN_ANCHOR_STEPS = 2
+    # An anchor waits (see _anchor_can_wait) when the plan runs at least
+    # PLAIN_ANCHOR_SKIP_SPEEDUP times the rate of the plain step last
+    # measured at this batch size, once the knee has held through
+    # PLAIN_ANCHOR_SKIP_KNEE_HELD searches, PLAIN_ANCHOR_SKIP_MAX times in a row at most.
+    PLAIN_ANCHOR_SKIP_SPEEDUP = 2.0
+    PLAIN_ANCHOR_SKIP_MAX = 3
+    PLAIN_ANCHOR_SKIP_KNEE_HELD = 2
 
     def _maybe_plain_anchor(self, decision: Decision) -> Decision:
         """Now and then plan a plain step among speculative ones.
@@ -485,7 +498,8 @@ class SpecController:
         forward pass is compute-bound from one token on, it made plain look
         40% slower than measured and kept a losing K).  One plain step in up
         to ``PLAIN_ANCHOR_MAX`` (two plans, see ``PLAIN_ANCHOR_STEPS``)
-        measures it, at the price of those steps' speculation gain.
+        measures it, at the price of those steps' speculation gain; where
+        speculation wins by far, an anchor waits (``_anchor_can_wait``).
         """
         if decision.k_step == 0:
             self._since_plain = 0
@@ -497,6 +511,11 @@ class SpecController:
                 return decision
             self._since_plain = 0
             self._anchor_interval = min(self._anchor_interval * 2, self.PLAIN_ANCHOR_MAX)
+            if self._anchor_can_wait(decision):
+                self._anchors_skipped_in_row += 1
+                self.stats.plain_anchors_skipped += 1
+                return decision
+            self._anchors_skipped_in_row = 0
             self.stats.plain_anchors += 1
             self._anchor_left = self.PLAIN_ANCHOR_STEPS
         self._anchor_left -= 1
@@ -505,6 +524,39 @@ class SpecController:
                         predicted_tokens=decision.plain_tokens,
                         plain_seconds=decision.plain_seconds,
                         plain_tokens=decision.plain_tokens)
+
+    def _anchor_can_wait(self, decision: Decision) -> bool:
+        """Whether a due plain anchor can be skipped: speculation wins by far.
+
+        The anchor guards against a plain step the fit can only extrapolate,
+        and the extrapolation can be far off: on simulated compute-bound
+        steps it put plain decoding at 1.9x its measured time.  So the test
+        is against a *measured* plain step of the same batch size (the
+        latest, kept when the cost model kept the sample), not the fit's:
+        where the plan's predicted rate (its tokens from measured acceptance,
+        its seconds from measured speculative steps) is at least
+        ``PLAIN_ANCHOR_SKIP_SPEEDUP`` times that step's, no plain estimate
+        the anchor could bring would make speculating the wrong choice.
+        Memory-bound at a few requests with good drafts (a 70B target with a
+        1B draft, simulated) the anchors cost 2-3% of the rate.
+
+        The anchor's plain step is also the smallest step the knee search
+        sees: skipped at 64 requests (simulated 8B + EAGLE), the cost model
+        put the knee at 362 tokens instead of 256 until the next anchor.  So
+        an anchor waits only once the knee (or its absence) has held through
+        ``PLAIN_ANCHOR_SKIP_KNEE_HELD`` searches, and at most
+        ``PLAIN_ANCHOR_SKIP_MAX`` in a row, so that the measurement is
+        renewed (contexts grow, a sample may have been slow) and a skip that
+        was wrong is found.
+        """
+        batch = decision.k.size
+        measured = self._plain_measured.get(batch)
+        if (measured is None or self._anchors_skipped_in_row >= self.PLAIN_ANCHOR_SKIP_MAX
+                or self.cost.knee_searches_unchanged < self.PLAIN_ANCHOR_SKIP_KNEE_HELD
+                or not decision.predicted_seconds > 0):
+            return False
+        rate = decision.predicted_tokens / decision.predicted_seconds
+        return rate >= self.PLAIN_ANCHOR_SKIP_SPEEDUP * batch / measured
 
     # Per-position acceptance a probe is hoping for.
     PROBE_OPTIMISM = 0.9

@@ -187,6 +187,8 @@ class StepCostModel:
         self.knee: float | None = None
         self.knee_slope = 0.0
         self._knee_idx = -1
+        # Knee searches in a row that kept the knee (or its absence) where it was.
+        self.knee_searches_unchanged = 0
         self._hx = np.zeros((KNEES.size, n))
         self._hh = np.zeros(KNEES.size)
         self._hy = np.zeros(KNEES.size)
@@ -553,6 +555,8 @@ class StepCostModel:
             i = int(np.argmin(np.where(ok, errs, np.inf)))
             if errs[i] < self.KNEE_GAIN * best_err:
                 best = i
+        self.knee_searches_unchanged = 0 if best != self._knee_idx else (
+            self.knee_searches_unchanged + 1)
         if best != self._knee_idx:
             self._knee_idx = best
             self.knee = None if best < 0 else float(KNEES[best])
