@@ -529,8 +529,9 @@ class SpecController:
         """Whether a due plain anchor can be skipped: speculation wins by far.
 
         The anchor guards against a plain step the fit can only extrapolate,
-        and the extrapolation can be far off: on simulated compute-bound
-        steps it put plain decoding at 1.9x its measured time.  So the test
+        and the extrapolation can be far off: on synthetic compute-bound
+        steps (``test_controller``) it put plain decoding at 1.9x its true
+        time.  So the test
         is against a *measured* plain step of the same batch size (the
         latest, kept when the cost model kept the sample), not the fit's:
         where the plan's predicted rate (its tokens from measured acceptance,
