@@ -825,45 +825,35 @@ def test_a_knee_is_found_from_the_few_steps_that_carry_a_prefill_chunk():
         assert cm.predict(8, tokens, k_step) == pytest.approx(truth(tokens, k_step), rel=0.05)
 
 
-def _anchor_run(per_token_s: float, per_pass_s: float, steps: int = 200):
-    """Four requests with perfect drafts; step time 2 ms + per token + per draft pass.
-    Returns the controller and the K_step of every plan."""
-    ctrl = SpecController(ControllerSettings(max_k=4), CostPrior.for_platform("cuda", "model", 0.1))
-    ids = [f"r{i}" for i in range(4)]
-    for r in ids:
-        ctrl.add_request(r)
-    rng = np.random.default_rng(0)
-    previous = np.zeros(4, dtype=int)
-    k_steps = []
-    for _ in range(steps):
-        d = ctrl.plan(ids)
-        ctrl.observe_verifications(ids, previous, previous)
-        tokens = 4 + int(previous.sum())
-        seconds = (2e-3 + per_token_s * tokens + per_pass_s * d.k_step) * rng.lognormal(0.0, 0.02)
-        ctrl.observe_step(4, tokens, d.k_step, seconds)
-        previous = d.k.copy()
-        k_steps.append(d.k_step)
-    return ctrl, k_steps
-
-
 def test_plain_anchors_wait_where_speculation_wins_by_far_against_a_measured_plain_step():
     # A plain anchor (two plans at K=0) measures plain decoding, which an
     # all-speculating fit can only extrapolate.  Memory-bound (tokens nearly
-    # free), perfect drafts run at about 3x the measured plain step's rate:
+    # free), perfect drafts run at about 4x the measured plain step's rate:
     # no plain estimate could turn that into a loss, so once the knee search
     # has twice found no knee, anchors wait, three in a row at most (in the
     # simulator they cost 70B + 1B at one to four requests 2-3% of its rate).
     # Two anchors run: the first (nothing measured yet), then the one after
     # three waits.
-    ctrl, k_steps = _anchor_run(per_token_s=2e-5, per_pass_s=2e-4)
+    ctrl, k_steps = _anchor_run(per_token=0.0005)
     assert ctrl.stats.plain_anchors_skipped == ctrl.PLAIN_ANCHOR_SKIP_MAX
     assert ctrl.stats.plain_anchors == 2, k_steps
     assert k_steps.count(0) == 2 * ctrl.PLAIN_ANCHOR_STEPS, k_steps
-    # Compute-bound (a token costs half a millisecond): perfect drafts gain
-    # 1.6x.  The fit, extrapolating, put plain decoding at 1.9x its measured
-    # time when the test was against the fit's own plain estimate (and then
-    # no anchor corrected it); against the measured step the anchors go on.
-    ctrl, k_steps = _anchor_run(per_token_s=5e-4, per_pass_s=2e-4)
+    # Compute-bound (a token costs 16 ms against a 58 ms step): perfect
+    # drafts gain 1.55x.  The fit, extrapolating, put plain decoding at 1.9x
+    # its true time when the test was against the fit's own plain estimate
+    # (and then no anchor corrected it); against the measured step the
+    # anchors go on.
+    ctrl, k_steps = _anchor_run(per_token=0.0164)
     assert ctrl.stats.plain_anchors_skipped == 0
     assert ctrl.stats.plain_anchors >= 4, k_steps
-    assert abs(ctrl.last_decision.plain_seconds / (2e-3 + 5e-4 * 4) - 1.0) < 0.3
+    plain = true_step_seconds(4, 4, 0, per_token=0.0164, draft=0.002)
+    assert abs(ctrl.last_decision.plain_seconds / plain - 1.0) < 0.3
+
+
+def _anchor_run(per_token: float):
+    """Four requests with perfect drafts for 200 steps (``drive``), a draft pass
+    costing 2 ms; returns the controller and the K_step of every plan."""
+    ctrl = SpecController(ControllerSettings(max_k=4), CostPrior.for_platform("cuda", "model", 0.1))
+    _, history = drive(ctrl, [1.0] * 4, 200, np.random.default_rng(0), per_token=per_token,
+                       draft=0.002)
+    return ctrl, [d.k_step for d in history]

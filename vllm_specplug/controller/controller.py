@@ -531,9 +531,9 @@ class SpecController:
         The anchor guards against a plain step the fit can only extrapolate,
         and the extrapolation can be far off: on synthetic compute-bound
         steps (``test_controller``) it put plain decoding at 1.9x its true
-        time.  So the test
-        is against a *measured* plain step of the same batch size (the
-        latest, kept when the cost model kept the sample), not the fit's:
+        time.  So the test is against a *measured* plain step of the same
+        batch size (the latest, kept when the cost model kept the sample),
+        not the fit's:
         where the plan's predicted rate (its tokens from measured acceptance,
         its seconds from measured speculative steps) is at least
         ``PLAIN_ANCHOR_SKIP_SPEEDUP`` times that step's, no plain estimate
