@@ -448,6 +448,44 @@ def test_goodput_plan_is_near_the_best_rate_with_a_cost_knee(seed):
     assert d.predicted_tokens == pytest.approx(expected)
 
 
+@pytest.mark.parametrize("alpha", [0.7, 0.8, 0.9])
+def test_a_prefill_step_past_the_knee_values_time_at_the_decode_only_rate(alpha):
+    # Like the simulated 70B + 1B at c=64: a decode-only step sits below the
+    # roofline's knee, and a 512-token prefill chunk takes a step past it,
+    # where each draft costs the price past the knee.  In a closed loop a
+    # request brings one such step whatever is drafted, so time per output
+    # token is (1 - g_P / L) * t_D / g_D + t_P / L for a request of L tokens
+    # (decode-only steps: g_D tokens in t_D; the prefill step: g_P in t_P).
+    # The prefill step's plan must minimise that.  Judged at its own rate the
+    # step drafted at K_step 2, 3 and 5 here where the optimum drafts 1, 1
+    # and 2: 3-6% more time per token at L = 64.  (tests/test_sim.py's 70B +
+    # 1B easy at c=64 went from 0.951 to 0.972 of static K=2.)
+    batch, width, chunk = 64, 8, 512
+    cm = StepCostModel(CostPrior(intercept=1.0, per_request=0.0, per_token=0.0005,
+                                 per_draft_pass=0.035, draft_runs_at_k0=True))
+    cm.knee, cm.knee_slope = 181.0, 0.0045  # a token past it costs 0.5% of a step
+    rng = np.random.default_rng(3)
+    survival = np.cumprod(rng.uniform(alpha - 0.05, alpha + 0.05, size=(batch, width)), axis=1)
+    ceilings = np.full(batch, width)
+    a0, a_tok, a_pass = cm.linear_terms(batch)
+    for use_compiled in (True, False):
+        pol = GoodputPolicy(use_compiled=use_compiled)
+        dec = pol.decide(survival, ceilings, float(batch), cm)
+        pre = pol.decide(survival, ceilings, float(batch + chunk), cm)
+        # Every plan of the prefill step: the top n slots among positions < j.
+        plans = [(batch, pre.plain_seconds)]
+        for j in range(1, width + 1):
+            values = np.sort(survival[:, :j].ravel())[::-1]
+            for n in range(1, values.size + 1):
+                plans.append((batch + values[:n].sum(), pre.plain_seconds
+                              + (a_tok + cm.knee_slope) * n + a_pass * (j - 1)))
+        for length in (64, 256, 1024):
+            def seconds_per_token(g_p, t_p):
+                return ((1 - g_p / length) * dec.predicted_seconds / dec.predicted_tokens
+                        + t_p / length)
+            best = min(seconds_per_token(g, t) for g, t in plans)
+            assert seconds_per_token(pre.predicted_tokens, pre.predicted_seconds) <= 1.001 * best
+
 def test_cost_model_finds_a_roofline_knee_and_stays_linear_without_one():
     rng = np.random.default_rng(5)
 

@@ -68,6 +68,8 @@ class GoodputPolicy:
 
     Rates count decode work only: prefill tokens in the same step cost the
     same time whatever is drafted, so they do not lower the bar for drafts.
+    A step whose prefill takes it past the knee values time at the rate of
+    the batch's steps without prefill (``_decode_only_rate``), not at its own.
     Step times for the final choice of j are lower confidence bounds of the
     cost model (``optimism`` standard errors), so a K_step the data has not
     covered is tried and measured rather than trusted to the prior forever.
@@ -119,6 +121,13 @@ class GoodputPolicy:
         estimate, without the optimism that gets untried plans measured.
         """
         batch, width = survival.shape
+        knee, knee_slope = cost.knee_terms()
+        decode_rate = 0.0
+        if knee_slope > 0 and batch < knee < base_tokens:
+            # A step whose prefill chunk takes it past the knee pays the
+            # higher price for every draft; see _decode_only_rate.
+            decode_rate = self._decode_only_rate(survival, ceilings, cost, fixed_k_step, capped,
+                                                 catchup_tokens)
         self._optimism = self.optimism if explore else 0.0
         if capped is None:
             capped = bool(ceilings.min(initial=width) < width)
@@ -131,7 +140,6 @@ class GoodputPolicy:
         # Past the cost model's knee (if any) a token costs knee_slope more;
         # room: tokens this step can still add before it (negative when the
         # step's prefill is already past it).
-        knee, knee_slope = cost.knee_terms()
         room = knee - base_tokens if knee_slope > 0 else math.inf
         prefill_s = a_tok * max(base_tokens - batch, 0.0)
         t_plain = a0 + a_tok * batch  # a decode-only plain step
@@ -141,7 +149,7 @@ class GoodputPolicy:
             t_plain += decode_knee
             prefill_s += knee_slope * max(-room, 0.0) - decode_knee
         self._knee = (room, knee_slope)
-        lam = batch / t_plain if t_plain > 0 else 0.0
+        lam = max(batch / t_plain if t_plain > 0 else 0.0, decode_rate)
         if self.use_compiled and compiled.best_plan is not None:
             b0, b1, b2, cov = cost.reduced_terms(batch)
             k = np.empty(batch, dtype=np.int64)
@@ -174,6 +182,29 @@ class GoodputPolicy:
         else:
             k = None
         return self._finish(j, tokens, n, seconds, k, batch, t_plain, prefill_s, fixed_k_step)
+
+    def _decode_only_rate(self, survival, ceilings, cost, fixed_k_step, capped,
+                          catchup_tokens) -> float:
+        """Predicted tokens per second of this batch's plan in a step without prefill.
+
+        The value of time in a step that carries a prefill chunk.  In a
+        closed loop (a new request for each one finished) a request's
+        prefill chunk arrives once per request whatever is drafted, so the
+        steps that carry one are a fixed number per output token, and the
+        rate is highest when each such step maximises its tokens minus
+        ``lambda_D`` times its seconds, where ``lambda_D`` is the rate of
+        the steps without prefill.  (Per request of L tokens, with the
+        decode-only steps' tokens g_D in t_D and the prefill step's g_P in
+        t_P: time per token is (1 - g_P / L) t_D / g_D + t_P / L.)  The
+        step's own rate is lower, since its drafts all cost the price past
+        the knee, and as the bar it took drafts the decode-only steps would
+        have beaten: in the simulated 70B + 1B at c=64, where two steps in
+        five carry a chunk, those steps drafted at K_step 3-5 where the
+        oracle drafts 1.
+        """
+        d = self.decide(survival, ceilings, float(survival.shape[0]), cost, fixed_k_step,
+                        capped=capped, catchup_tokens=catchup_tokens, explore=False)
+        return d.predicted_tokens / d.predicted_seconds if d.predicted_seconds > 0 else 0.0
 
     def _finish(self, j, tokens, n, seconds, k, batch, t_plain, prefill_s, fixed_k_step):
         """The Decision for the best plan found: plain decoding unless it pays enough."""
