@@ -467,7 +467,7 @@ def test_a_prefill_step_past_the_knee_values_time_at_the_decode_only_rate(alpha)
     rng = np.random.default_rng(3)
     survival = np.cumprod(rng.uniform(alpha - 0.05, alpha + 0.05, size=(batch, width)), axis=1)
     ceilings = np.full(batch, width)
-    a0, a_tok, a_pass = cm.linear_terms(batch)
+    _, a_tok, a_pass = cm.linear_terms(batch)
     for use_compiled in (True, False):
         pol = GoodputPolicy(use_compiled=use_compiled)
         dec = pol.decide(survival, ceilings, float(batch), cm)
@@ -485,6 +485,7 @@ def test_a_prefill_step_past_the_knee_values_time_at_the_decode_only_rate(alpha)
                         + t_p / length)
             best = min(seconds_per_token(g, t) for g, t in plans)
             assert seconds_per_token(pre.predicted_tokens, pre.predicted_seconds) <= 1.001 * best
+
 
 def test_cost_model_finds_a_roofline_knee_and_stays_linear_without_one():
     rng = np.random.default_rng(5)

@@ -190,8 +190,8 @@ class GoodputPolicy:
         The value of time in a step that carries a prefill chunk.  In a
         closed loop (a new request for each one finished) a request's
         prefill chunk arrives once per request whatever is drafted, so the
-        steps that carry one are a fixed number per output token, and the
-        rate is highest when each such step maximises its tokens minus
+        steps that carry one come a fixed number of times per request, and
+        the rate is highest when each such step maximises its tokens minus
         ``lambda_D`` times its seconds, where ``lambda_D`` is the rate of
         the steps without prefill.  (Per request of L tokens, with the
         decode-only steps' tokens g_D in t_D and the prefill step's g_P in
