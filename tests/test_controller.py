@@ -385,22 +385,36 @@ def test_catch_up_cost_is_learned_from_the_excess_and_priced_into_plans():
     assert d.predicted_seconds > pol.decide(good, ceilings, 2.0, cm).predicted_seconds
 
 
-def best_rate_by_enumeration(survival, a0, a_tok, a_pass, knee=np.inf, knee_slope=0.0):
-    """The best decode rate over every plan a threshold policy could choose.
+def every_plan(survival, a0, a_tok, a_pass, knee=np.inf, knee_slope=0.0, base=None,
+               pass_offset=0):
+    """(expected tokens, step seconds) of every plan a threshold policy could choose.
 
     For each K_step j, the slots worth taking are the most likely ones among
-    positions < j; the best set is a top-n of them for some n, so trying every
-    n of every j finds the optimum of tokens / seconds.
+    positions < j; the best set is a top-n of them for some n, so every n of
+    every j (plain decoding first) covers the optimum of any objective that
+    prefers likelier slots.  ``base``: the step's tokens besides drafts (one
+    per request by default); ``pass_offset``: draft passes a K_step = 0 step
+    runs anyway (``StepCostModel.pass_offset``).
     """
     batch, width = survival.shape
-    best = batch / (a0 + a_tok * batch + knee_slope * max(batch - knee, 0))  # plain decoding
+    base = batch if base is None else base
+
+    def seconds(n, j):
+        return (a0 + a_tok * (base + n) + a_pass * max(j - pass_offset, 0)
+                + knee_slope * np.maximum(base + n - knee, 0))
+
+    tokens, secs = [np.array([float(batch)])], [np.array([seconds(0, 0)])]
     for j in range(1, width + 1):
         values = np.sort(survival[:, :j].ravel())[::-1]
-        n = np.arange(1, values.size + 1)
-        rates = (batch + np.cumsum(values)) / (a0 + a_tok * (batch + n) + a_pass * j
-                                                + knee_slope * np.maximum(batch + n - knee, 0))
-        best = max(best, rates.max())
-    return best
+        tokens.append(batch + np.cumsum(values))
+        secs.append(seconds(np.arange(1, values.size + 1), j))
+    return np.concatenate(tokens), np.concatenate(secs)
+
+
+def best_rate_by_enumeration(survival, a0, a_tok, a_pass, knee=np.inf, knee_slope=0.0):
+    """The best decode rate (tokens / seconds) over every plan (``every_plan``)."""
+    tokens, seconds = every_plan(survival, a0, a_tok, a_pass, knee, knee_slope)
+    return (tokens / seconds).max()
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -467,23 +481,19 @@ def test_a_prefill_step_past_the_knee_values_time_at_the_decode_only_rate(alpha)
     rng = np.random.default_rng(3)
     survival = np.cumprod(rng.uniform(alpha - 0.05, alpha + 0.05, size=(batch, width)), axis=1)
     ceilings = np.full(batch, width)
-    _, a_tok, a_pass = cm.linear_terms(batch)
+    # Every plan of the prefill step, its seconds the whole step's.
+    plan_tokens, plan_seconds = every_plan(survival, *cm.linear_terms(batch), cm.knee,
+                                           cm.knee_slope, base=batch + chunk,
+                                           pass_offset=cm.pass_offset)
     for use_compiled in (True, False):
         pol = GoodputPolicy(use_compiled=use_compiled)
         dec = pol.decide(survival, ceilings, float(batch), cm)
         pre = pol.decide(survival, ceilings, float(batch + chunk), cm)
-        # Every plan of the prefill step: the top n slots among positions < j.
-        plans = [(batch, pre.plain_seconds)]
-        for j in range(1, width + 1):
-            values = np.sort(survival[:, :j].ravel())[::-1]
-            for n in range(1, values.size + 1):
-                plans.append((batch + values[:n].sum(), pre.plain_seconds
-                              + (a_tok + cm.knee_slope) * n + a_pass * (j - 1)))
         for length in (64, 256, 1024):
             def seconds_per_token(g_p, t_p):
                 return ((1 - g_p / length) * dec.predicted_seconds / dec.predicted_tokens
                         + t_p / length)
-            best = min(seconds_per_token(g, t) for g, t in plans)
+            best = seconds_per_token(plan_tokens, plan_seconds).min()
             assert seconds_per_token(pre.predicted_tokens, pre.predicted_seconds) <= 1.001 * best
 
 
