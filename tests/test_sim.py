@@ -186,7 +186,7 @@ def _cells(summary, setup, scenario):
 # The last one, 70b-1b easy at c=64 (0.951, floor 0.93), came off in session
 # 14 (0.972): its steps that carry a prefill chunk went past the roofline's
 # knee and, judged at their own low rate, drafted at K_step 3-5 where the
-# oracle drafts 1 (GoodputPolicy._decode_only_rate).
+# oracle drafts 1 (GoodputPolicy._decode_only_plan).
 # Earlier: 70b-1b easy at c=1 (0.959 -> 0.971) and 8b-eagle hard at c=1
 # (0.968 -> 0.983) in session 11, once a lone request's deeper positions
 # borrowed from the pool (AcceptanceEstimator.POOL_FEW_STRENGTH); cpu-qwen

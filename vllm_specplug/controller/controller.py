@@ -365,10 +365,21 @@ class SpecController:
         deeper than the slots that hopeful plan would grant them.
         """
         k = decision.k
-        if not self._any_dirty and np.count_nonzero(k) == k.size:
+        granted = k
+        if decision.decode_only_k is not None:
+            # This step's prefill chunk takes it past the cost knee, where
+            # every draft costs its compute.  A request the batch's plan
+            # without the chunk would draft for is left out by the chunk,
+            # not by its drafts: it is not in fallback, and a probe would
+            # re-test drafts the policy already wants, at the higher price.
+            # (Simulated 8B + EAGLE at c=256, hard text: two steps in three
+            # carry a chunk; counted as fallback, runs of them made whole
+            # batches due, and probes of 240 requests went out in them.)
+            granted = np.where(k > 0, k, decision.decode_only_k)
+        if not self._any_dirty and np.count_nonzero(granted) == granted.size:
             return  # everyone speculates and nobody carries probe state
         now = self.stats.steps
-        due_idx = self._advance_probe_state(rows, ceilings, k, now)
+        due_idx = self._advance_probe_state(rows, ceilings, granted, now)
         if due_idx.size:
             due_idx = self._defer_probes_past_the_knee(rows, due_idx, base_tokens)
         depth = (self._probe_depth(rows, ceilings, due_idx, base_tokens, fixed_k_step)

@@ -459,6 +459,9 @@ class StepCostModel:
     KNEE_MIN_OBS = 24
     KNEE_EVERY = 16
     KNEE_GAIN = 0.7
+    # An adopted knee is kept while it leaves at most KNEE_KEEP of the
+    # linear fit's error, or while its sides lack the steps to judge it.
+    KNEE_KEEP = 0.85
     KNEE_SIDE = 0.1
     # Steps past the knee may be few: at small batch only the steps that
     # carry a prefill chunk get there (one in twenty at c=8), and without a
@@ -550,11 +553,27 @@ class StepCostModel:
         below_ok = (well_below >= side) | (
             (below >= side) & (self._spread_below(below) >= self.KNEE_SPREAD * KNEES))
         past_ok = past >= self.KNEE_PAST_SIDE * self._w
-        ok = (thetas[:, n] > 0) & np.isfinite(errs) & below_ok & past_ok
+        fitted = (thetas[:, n] > 0) & np.isfinite(errs)
+        ok = fitted & below_ok & past_ok
         if ok.any():
             i = int(np.argmin(np.where(ok, errs, np.inf)))
             if errs[i] < self.KNEE_GAIN * best_err:
                 best = i
+        cur = self._knee_idx
+        if best < 0 and cur >= 0 and fitted[cur] and (
+                not ok[cur] or errs[cur] < self.KNEE_KEEP * best_err):
+            # A knee is a property of the device and the model: it is
+            # dropped when the data on both of its sides says it no longer
+            # explains the error, not when the steps on one side have gone.
+            # Those steps go when the policy acts on the knee.  Simulated
+            # 8B + EAGLE at c=256 (hard text): once every decode-only step
+            # drafted one token for every request (512 tokens, the knee),
+            # no step was left below it, the forgotten evidence faded, and
+            # the knee fell to none for 16-48 steps twice a run.  The linear
+            # fit then priced a draft in a step with a prefill chunk like
+            # one in a decode-only step, and probes went out there at the
+            # compute-bound price.
+            best = cur
         self.knee_searches_unchanged = 0 if best != self._knee_idx else (
             self.knee_searches_unchanged + 1)
         if best != self._knee_idx:

@@ -33,6 +33,10 @@ class Decision:
     predicted_tokens: float = float("nan")
     plain_seconds: float = float("nan")
     plain_tokens: float = float("nan")
+    # Per request, the slots of the batch's plan in a step without prefill;
+    # set only where this step's prefill chunk takes it past the cost knee
+    # (GoodputPolicy._decode_only_plan).
+    decode_only_k: np.ndarray | None = None
 
     @property
     def predicted_speedup(self) -> float:
@@ -69,7 +73,7 @@ class GoodputPolicy:
     Rates count decode work only: prefill tokens in the same step cost the
     same time whatever is drafted, so they do not lower the bar for drafts.
     A step whose prefill takes it past the knee values time at the rate of
-    the batch's steps without prefill (``_decode_only_rate``), not at its own.
+    the batch's steps without prefill (``_decode_only_plan``), not at its own.
     Step times for the final choice of j are lower confidence bounds of the
     cost model (``optimism`` standard errors), so a K_step the data has not
     covered is tried and measured rather than trusted to the prior forever.
@@ -122,12 +126,15 @@ class GoodputPolicy:
         """
         batch, width = survival.shape
         knee, knee_slope = cost.knee_terms()
+        decode_only = None
         decode_rate = 0.0
         if knee_slope > 0 and batch < knee < base_tokens:
             # A step whose prefill chunk takes it past the knee pays the
-            # higher price for every draft; see _decode_only_rate.
-            decode_rate = self._decode_only_rate(survival, ceilings, cost, fixed_k_step, capped,
+            # higher price for every draft; see _decode_only_plan.
+            decode_only = self._decode_only_plan(survival, ceilings, cost, fixed_k_step, capped,
                                                  catchup_tokens)
+            if decode_only.predicted_seconds > 0:
+                decode_rate = decode_only.predicted_tokens / decode_only.predicted_seconds
         self._optimism = self.optimism if explore else 0.0
         if capped is None:
             capped = bool(ceilings.min(initial=width) < width)
@@ -160,7 +167,7 @@ class GoodputPolicy:
                 self._optimism if cost.calibrated else 0.0, *cov,
                 room if room < math.inf else 1e300, knee_slope, cost.pass_offset, k)
             return self._finish(j, tokens, n, seconds, k, batch, t_plain, prefill_s,
-                                fixed_k_step)
+                                fixed_k_step, decode_only)
         # take[r, p] = 1.0 where slot (r, p) is granted; s * take beside it.
         buf = self._buffer(batch, width)
         for _ in range(self.ROUNDS):
@@ -181,15 +188,19 @@ class GoodputPolicy:
             k = (buf[0, :, :j] @ self._ones[:j]).astype(np.int64)
         else:
             k = None
-        return self._finish(j, tokens, n, seconds, k, batch, t_plain, prefill_s, fixed_k_step)
+        return self._finish(j, tokens, n, seconds, k, batch, t_plain, prefill_s, fixed_k_step,
+                            decode_only)
 
-    def _decode_only_rate(self, survival, ceilings, cost, fixed_k_step, capped,
-                          catchup_tokens) -> float:
-        """Predicted tokens per second of this batch's plan in a step without prefill.
+    def _decode_only_plan(self, survival, ceilings, cost, fixed_k_step, capped,
+                          catchup_tokens) -> Decision:
+        """This batch's plan in a step without prefill, at point estimates.
 
-        The value of time in a step that carries a prefill chunk.  In a
-        closed loop (a new request for each one finished) a request's
-        prefill chunk arrives once per request whatever is drafted, so the
+        Its predicted tokens per second are the value of time in a step
+        that carries a prefill chunk past the knee, and its slots tell the
+        controller's probes which requests are left out only by the chunk
+        (``Decision.decode_only_k``).  In a closed loop (a new request for
+        each one finished) a request's prefill chunk arrives once per
+        request whatever is drafted, so the
         steps that carry one come a fixed number of times per request, and
         the rate is highest when each such step maximises its tokens minus
         ``lambda_D`` times its seconds, where ``lambda_D`` is the rate of
@@ -202,11 +213,11 @@ class GoodputPolicy:
         five carry a chunk, those steps drafted at K_step 3-5 where the
         oracle drafts 1.
         """
-        d = self.decide(survival, ceilings, float(survival.shape[0]), cost, fixed_k_step,
-                        capped=capped, catchup_tokens=catchup_tokens, explore=False)
-        return d.predicted_tokens / d.predicted_seconds if d.predicted_seconds > 0 else 0.0
+        return self.decide(survival, ceilings, float(survival.shape[0]), cost, fixed_k_step,
+                           capped=capped, catchup_tokens=catchup_tokens, explore=False)
 
-    def _finish(self, j, tokens, n, seconds, k, batch, t_plain, prefill_s, fixed_k_step):
+    def _finish(self, j, tokens, n, seconds, k, batch, t_plain, prefill_s, fixed_k_step,
+                decode_only=None):
         """The Decision for the best plan found: plain decoding unless it pays enough."""
         plain_rate = batch / t_plain if t_plain > 0 else 0.0
         if (fixed_k_step is None and j > 0 and seconds > 0
@@ -225,6 +236,7 @@ class GoodputPolicy:
             predicted_tokens=float(tokens),
             plain_seconds=float(t_plain + prefill_s),
             plain_tokens=float(batch),
+            decode_only_k=None if decode_only is None else decode_only.k,
         )
 
     def _best_j(self, s, buf, fixed_k_step, lam, a0, a_tok, a_pass, batch, t_plain, cost,
