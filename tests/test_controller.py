@@ -854,11 +854,11 @@ def test_probes_wait_for_a_step_below_the_knee():
 def test_a_knee_is_kept_when_no_step_is_left_below_it():
     # Once the policy acts on a knee at 512, every decode-only step drafts
     # one token for each of 256 requests and lands on the knee itself: no
-    # step is left below it to tell a knee from a linear fit.  The knee is
-    # a property of the device, so it stays until the data on both sides
-    # says otherwise.  It used to fall to none as the steps below it were
-    # forgotten (the simulated 8B + EAGLE at c=256 lost it twice a run, and
-    # the linear fit then priced drafts in prefill steps as if they were free).
+    # step is left below it to tell a knee from a linear fit.  The knee
+    # stays while so few steps are below it.  It used to fall to none as the
+    # steps below it were forgotten (the simulated 8B + EAGLE at c=256 lost
+    # it twice a run, and the linear fit then priced drafts in prefill steps
+    # like drafts in decode-only ones).
     rng = np.random.default_rng(4)
     cm = StepCostModel(CostPrior.for_platform("cuda", "model", 0.05, draft_runs_at_k0=True))
     for _ in range(200):

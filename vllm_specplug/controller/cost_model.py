@@ -48,7 +48,9 @@ the fit's (forgetting-weighted) squared error; the candidates' sufficient
 statistics are kept beside the main ones, so choosing costs one batched
 6x6 solve every ``KNEE_EVERY`` steps.  A knee is adopted only when it cuts
 the error by a clear margin (``KNEE_GAIN``); otherwise (a CPU, compute-bound
-from the first token) the model stays linear.
+from the first token) the model stays linear.  An adopted knee is kept while
+few steps are left clearly below it, since the policy's plans then sit at or
+past it and the evidence that found it is only being forgotten.
 
 Timing is noisy and can be garbage (a stalled clock, a GC pause); a sample
 that is not finite or not positive is dropped, and after warm-up a sample
@@ -459,9 +461,6 @@ class StepCostModel:
     KNEE_MIN_OBS = 24
     KNEE_EVERY = 16
     KNEE_GAIN = 0.7
-    # An adopted knee is kept while it leaves at most KNEE_KEEP of the
-    # linear fit's error, or while its sides lack the steps to judge it.
-    KNEE_KEEP = 0.85
     KNEE_SIDE = 0.1
     # Steps past the knee may be few: at small batch only the steps that
     # carry a prefill chunk get there (one in twenty at c=8), and without a
@@ -560,19 +559,21 @@ class StepCostModel:
             if errs[i] < self.KNEE_GAIN * best_err:
                 best = i
         cur = self._knee_idx
-        if best < 0 and cur >= 0 and fitted[cur] and (
-                not ok[cur] or errs[cur] < self.KNEE_KEEP * best_err):
-            # A knee is a property of the device and the model: it is
-            # dropped when the data on both of its sides says it no longer
-            # explains the error, not when the steps on one side have gone.
-            # Those steps go when the policy acts on the knee.  Simulated
-            # 8B + EAGLE at c=256 (hard text): once every decode-only step
-            # drafted one token for every request (512 tokens, the knee),
-            # no step was left below it, the forgotten evidence faded, and
-            # the knee fell to none for 16-48 steps twice a run.  The linear
+        if best < 0 and cur >= 0 and fitted[cur] and well_below[cur] < side:
+            # Few steps are left clearly below the knee (at or below the
+            # candidate under it): the knee is kept while there is too
+            # little data to judge it.  Those steps go when the policy acts
+            # on the knee.  Simulated 8B + EAGLE at c=256 (hard text): once
+            # every decode-only step drafted one token for every request
+            # (512 tokens, on the knee), the evidence below it was only
+            # being forgotten, its gain over a linear fit faded, and the
+            # knee fell to none for 16-48 steps twice a run.  The linear
             # fit then priced a draft in a step with a prefill chunk like
             # one in a decode-only step, and probes went out there at the
-            # compute-bound price.
+            # compute-bound price.  (Kept as well while it still removed
+            # 15% of the error, the CPU profile's transient knees lived on
+            # and cost a draft catch-up: cpu-qwen switch c=8, one seed
+            # 4.39 -> 4.01 tok/s.)
             best = cur
         self.knee_searches_unchanged = 0 if best != self._knee_idx else (
             self.knee_searches_unchanged + 1)
