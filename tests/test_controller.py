@@ -836,15 +836,15 @@ def test_probes_wait_for_a_step_below_the_knee():
         prefill = 512 if rng.random() < 2 / 3 else 0
         sent = ctrl.stats.probes_sent
         d = ctrl.plan(ids, base_tokens=256 + prefill)
-        accepted = [simulate_verification(rng, 0.05, k) for k in previous.tolist()]
+        accepted = [simulate_verification(rng, 0.01, k) for k in previous.tolist()]
         ctrl.observe_verifications(ids, previous.tolist(), accepted)
         tokens = 256 + prefill + int(d.k.sum())
         ctrl.observe_step(256 + (prefill > 0), tokens, d.k_step,
                           _eagle_c256_seconds(tokens))
         previous = d.k.copy()
         probes[prefill > 0].append(ctrl.stats.probes_sent - sent)
-    # Drafts accepted at 0.05 do not pay even where they are almost free.
-    # (At 0.1 the plan without the chunk drafts for most of the batch: see
+    # Drafts accepted 1% of the time do not pay even where they are free.
+    # (At 0.05 the plan without the chunk drafts for most of the batch: see
     # the next test.)
     assert ctrl.num_in_fallback() > 200
     below, past = np.mean(probes[False]), np.mean(probes[True])
@@ -873,13 +873,47 @@ def test_a_knee_is_kept_when_no_step_is_left_below_it():
     assert set(knees) == {512.0}, sorted(set(map(str, knees)))
 
 
+def test_a_knee_not_seen_from_below_is_read_as_a_roofline():
+    # Decode-only steps that all draft sit on the knee (512 tokens) and
+    # plain anchors at 256; the true step is flat up to 480 tokens and
+    # rises at its compute slope past it.  The fit's slope below the knee
+    # only joins 256 and 512 (a fortieth of a decode step per 10 tokens),
+    # so every slot up to 512 looked worth a draft accepted 45% of the
+    # time.  Read as a roofline (flat, then the slope past the knee) the
+    # stretch turns where the truth does, and the plan stops there.
+    rng = np.random.default_rng(5)
+    cm = StepCostModel(CostPrior.for_platform("cuda", "model", 0.05, draft_runs_at_k0=True))
+    for i in range(300):
+        if rng.random() < 1 / 3:
+            tokens = 256 if i % 16 == 0 else 512
+        else:
+            tokens = 256 + int(rng.choice([512, 512, 1024, 1536]))
+        cm.observe(256, tokens, 1, _eagle_c256_seconds(tokens) * rng.lognormal(0, 0.02))
+    assert cm.knee == 512.0 and not cm.knee_seen_from_below()
+    # (Ties broken as the estimator breaks them.)
+    survival = np.full((256, 4), 0.45) ** np.arange(1, 5) - 1e-12 * np.arange(256)[:, None]
+    slots = []
+    for use_compiled in (True, False):
+        d = GoodputPolicy(use_compiled=use_compiled).decide(
+            survival, np.full(256, 4), 256.0, cm, explore=False)
+        slots.append(int(d.k.sum()))
+    assert slots[0] == slots[1]
+    assert 480 - 40 <= 256 + slots[0] <= 480 + 10, slots
+    # Where steps below the knee place it, the fit is taken as it is.
+    for _ in range(200):
+        tokens = 256 + int(rng.integers(0, 100)) if rng.random() < 1 / 3 else 768
+        cm.observe(256, tokens, 1, _eagle_c256_seconds(tokens) * rng.lognormal(0, 0.02))
+    assert cm.knee_seen_from_below()
+
+
 def test_a_request_left_out_only_by_a_prefill_chunk_is_not_in_fallback():
     # Two steps in three carry a prefill chunk that takes them past the knee,
-    # where no draft at 0.3 pays; a step without the chunk drafts for the
-    # whole batch (below the knee drafts are almost free).  Counted as
+    # where no draft at 0.3 pays; a step without the chunk drafts for most
+    # of the batch (below the knee drafts are almost free).  Counted as
     # fallback, runs of chunked steps made the whole batch due, and late
     # probes went out in those steps at the compute-bound price (the
     # simulated 8B + EAGLE at c=256 sent probes of 240 requests there).
+    # Only a request the plan without the chunk leaves out is in fallback.
     rng = np.random.default_rng(6)
     ctrl = SpecController(ControllerSettings(max_k=4),
                           CostPrior.for_platform("cuda", "model", 0.05, draft_runs_at_k0=True))
@@ -890,10 +924,9 @@ def test_a_request_left_out_only_by_a_prefill_chunk_is_not_in_fallback():
     for r in ids:
         ctrl.add_request(r)
     previous = np.zeros(256, dtype=int)
-    probes_with_chunk, fallback_with_chunk, slots_without = [], [], []
+    slots_without, excess = [], []
     for _ in range(300):
         prefill = 512 if rng.random() < 2 / 3 else 0
-        sent = ctrl.stats.probes_sent
         d = ctrl.plan(ids, base_tokens=256 + prefill)
         accepted = [simulate_verification(rng, 0.3, k) for k in previous.tolist()]
         ctrl.observe_verifications(ids, previous.tolist(), accepted)
@@ -902,14 +935,14 @@ def test_a_request_left_out_only_by_a_prefill_chunk_is_not_in_fallback():
         previous = d.k.copy()
         if prefill:
             assert d.decode_only_k is not None and d.decode_only_k.shape == d.k.shape
-            probes_with_chunk.append(ctrl.stats.probes_sent - sent)
-            fallback_with_chunk.append(ctrl.num_in_fallback())
+            left_out = int(np.count_nonzero(d.decode_only_k == 0))
+            excess.append(ctrl.num_in_fallback() - left_out)
         else:
             assert d.decode_only_k is None
             slots_without.append(int(d.k.sum()))
-    assert np.mean(slots_without) > 0.8 * 256
-    assert sum(probes_with_chunk) == 0
-    assert np.mean(fallback_with_chunk) < 0.1 * 256, np.mean(fallback_with_chunk)
+    assert np.mean(slots_without) > 0.6 * 256
+    # (The old count held up to the whole batch in fallback: excess 220 on average.)
+    assert max(excess) <= 0, max(excess)
 
 
 def test_a_knee_is_found_from_the_few_steps_that_carry_a_prefill_chunk():

@@ -226,6 +226,21 @@ class StepCostModel:
             return math.inf, 0.0
         return self.knee, self.knee_slope
 
+    def knee_seen_from_below(self) -> bool:
+        """Whether enough steps lie clearly below the knee to place it.
+
+        Clearly below: at or below the candidate under it, at least
+        ``KNEE_SIDE`` of the (forgotten) steps.  Otherwise the data says the
+        cost rises somewhere between the candidate below and the knee,
+        not where: a knee is kept then (``_choose_knee``), and the policy
+        reads that stretch as a roofline (``GoodputPolicy.decide``).
+        """
+        i = self._knee_idx
+        if i < 0:
+            return True
+        below = self._w - (self._h_past[i - 1] if i > 0 else self._w)
+        return below >= self.KNEE_SIDE * self._w
+
     def catchup_seconds(self, tokens: float, batch: float = 1.0) -> float:
         """Predicted seconds of a draft catch-up pass over ``tokens`` tokens."""
         if tokens <= 0:
@@ -233,7 +248,8 @@ class StepCostModel:
         a_pass = self.linear_terms(batch)[2]
         return a_pass + self._catchup_per_token * tokens
 
-    def predict_lower(self, batch: float, tokens, k_steps, optimism: float = 0.0) -> list:
+    def predict_lower(self, batch: float, tokens, k_steps, optimism: float = 0.0,
+                      terms: tuple | None = None) -> list:
         """Predicted seconds for many candidate plans at once (lists of floats).
 
         Linear terms only: the knee (``knee_terms``) depends on the whole
@@ -263,7 +279,9 @@ class StepCostModel:
         # passes): x = P @ (1, tokens, passes).  theta and the covariance
         # reduced through P are cached per batch size (they change only when
         # a step is observed), so a candidate plan costs a few flops.
-        a0, a1, a2, (c00, c01, c02, c11, c12, c22) = self._reduced(batch)
+        # ``terms``: reduced terms to use instead (the policy's roofline
+        # reading of them, ``GoodputPolicy.decide``).
+        a0, a1, a2, (c00, c01, c02, c11, c12, c22) = terms or self._reduced(batch)
         passes = [self.draft_passes(k) for k in k_steps]
         if optimism <= 0.0 or not self._scaled:
             return [a0 + a1 * t + a2 * k for t, k in zip(tokens, passes)]
@@ -559,7 +577,7 @@ class StepCostModel:
             if errs[i] < self.KNEE_GAIN * best_err:
                 best = i
         cur = self._knee_idx
-        if best < 0 and cur >= 0 and fitted[cur] and well_below[cur] < side:
+        if best < 0 and cur >= 0 and fitted[cur] and not self.knee_seen_from_below():
             # Few steps are left clearly below the knee (at or below the
             # candidate under it): the knee is kept while there is too
             # little data to judge it.  Those steps go when the policy acts

@@ -68,7 +68,11 @@ class GoodputPolicy:
     token costs ``knee_slope`` more), the bar is two-tiered: a slot worth the
     higher price is always taken, and below the knee, which the step's
     prefill tokens bring closer, the most likely of the slots worth the lower
-    price fill the room that is left (``_knee_plans``).
+    price fill the room that is left (``_knee_plans``).  Where few steps lie
+    clearly below the knee (``StepCostModel.knee_seen_from_below``), the fit's
+    slope below it only joins the plain step to the knee, and the stretch is
+    read as a roofline instead: free up to where the slope past the knee
+    reaches the fitted cost at the knee.
 
     Rates count decode work only: prefill tokens in the same step cost the
     same time whatever is drafted, so they do not lower the bar for drafts.
@@ -101,6 +105,7 @@ class GoodputPolicy:
         self._optimism = optimism
         self._knee = (math.inf, 0.0)
         self._threshold = None
+        self._terms = None
         # The compiled loop (vllm_specplug.controller.compiled) when numba is
         # there; tests switch it off to check the NumPy path against it.
         self.use_compiled = use_compiled
@@ -125,7 +130,25 @@ class GoodputPolicy:
         estimate, without the optimism that gets untried plans measured.
         """
         batch, width = survival.shape
+        a0, a_tok, a_pass, cov = cost.reduced_terms(batch)
         knee, knee_slope = cost.knee_terms()
+        if knee_slope > 0 and a_tok > 0 and batch < knee and not cost.knee_seen_from_below():
+            # The steps measured near the knee sit on it and at the plain
+            # step, with almost nothing between: the fit has a slope below
+            # the knee that only joins those two, and says nothing of where
+            # in between the step turns compute-bound.  A roofline is flat
+            # and then rises at its compute slope, so read that stretch as
+            # one: no price up to a knee placed where the slope past it
+            # reaches the fitted cost at the knee.  Priced at the joining
+            # slope, every slot up to the knee looked worth it: in the
+            # simulated 8B + EAGLE at c=256 (hard text) the policy drafted
+            # for all 256 requests (512 tokens, 12.7 ms) where the true
+            # step turns at about 420 tokens and the oracle drafts for
+            # 171-176 (10.7 ms).  Past the fitted knee nothing changes.
+            slope_past = a_tok + knee_slope
+            knee -= a_tok * (knee - batch) / slope_past
+            knee_slope = slope_past
+            a0, a_tok = a0 + a_tok * batch, 0.0
         decode_only = None
         decode_rate = 0.0
         if knee_slope > 0 and batch < knee < base_tokens:
@@ -141,7 +164,7 @@ class GoodputPolicy:
         s = survival
         if capped:
             s = np.where(self._positions(width) < ceilings[:, None], s, 0.0)
-        a0, a_tok, a_pass = cost.linear_terms(batch)
+        self._terms = (a0, a_tok, a_pass, cov)
         self._catchup_share = (cost.catchup_seconds(catchup_tokens, batch)
                                / self.CATCHUP_AMORTIZATION_STEPS if catchup_tokens > 0 else 0.0)
         # Past the cost model's knee (if any) a token costs knee_slope more;
@@ -158,12 +181,11 @@ class GoodputPolicy:
         self._knee = (room, knee_slope)
         lam = max(batch / t_plain if t_plain > 0 else 0.0, decode_rate)
         if self.use_compiled and compiled.best_plan is not None:
-            b0, b1, b2, cov = cost.reduced_terms(batch)
             k = np.empty(batch, dtype=np.int64)
             j, tokens, n, seconds = compiled.best_plan(
                 np.ascontiguousarray(s, dtype=np.float64),
                 -1 if fixed_k_step is None else int(fixed_k_step), self.ROUNDS, lam,
-                b0, b1, b2, t_plain, self._catchup_share,
+                a0, a_tok, a_pass, t_plain, self._catchup_share,
                 self._optimism if cost.calibrated else 0.0, *cov,
                 room if room < math.inf else 1e300, knee_slope, cost.pass_offset, k)
             return self._finish(j, tokens, n, seconds, k, batch, t_plain, prefill_s,
@@ -273,7 +295,8 @@ class GoodputPolicy:
             if thresholds is not None:
                 thresholds = [thresholds[fixed_k_step]]
         if optimistic:
-            seconds = cost.predict_lower(batch, [batch + n for n in n_cum], js, self._optimism)
+            seconds = cost.predict_lower(batch, [batch + n for n in n_cum], js, self._optimism,
+                                         self._terms)
             if js[0] == 0:
                 seconds[0] = t_plain  # plain decoding is judged at its point estimate
         else:
