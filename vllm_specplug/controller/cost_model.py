@@ -236,10 +236,9 @@ class StepCostModel:
         reads that stretch as a roofline (``GoodputPolicy.decide``).
         """
         i = self._knee_idx
-        if i < 0:
+        if i <= 0:  # no knee, or none under the lowest candidate to compare with
             return True
-        below = self._w - (self._h_past[i - 1] if i > 0 else self._w)
-        return below >= self.KNEE_SIDE * self._w
+        return self._w - self._h_past[i - 1] >= self.KNEE_SIDE * self._w
 
     def catchup_seconds(self, tokens: float, batch: float = 1.0) -> float:
         """Predicted seconds of a draft catch-up pass over ``tokens`` tokens."""

@@ -222,11 +222,11 @@ class GoodputPolicy:
         controller's probes which requests are left out only by the chunk
         (``Decision.decode_only_k``).  In a closed loop (a new request for
         each one finished) a request's prefill chunk arrives once per
-        request whatever is drafted, so the
-        steps that carry one come a fixed number of times per request, and
-        the rate is highest when each such step maximises its tokens minus
-        ``lambda_D`` times its seconds, where ``lambda_D`` is the rate of
-        the steps without prefill.  (Per request of L tokens, with the
+        request whatever is drafted, so the steps that carry one come a
+        fixed number of times per request, and the rate is highest when
+        each such step maximises its tokens minus ``lambda_D`` times its
+        seconds, where ``lambda_D`` is the rate of the steps without
+        prefill.  (Per request of L tokens, with the
         decode-only steps' tokens g_D in t_D and the prefill step's g_P in
         t_P: time per token is (1 - g_P / L) t_D / g_D + t_P / L.)  The
         step's own rate is lower, since its drafts all cost the price past
