@@ -945,6 +945,51 @@ def test_a_request_left_out_only_by_a_prefill_chunk_is_not_in_fallback():
     assert max(excess) <= 0, max(excess)
 
 
+def test_a_probe_adds_no_draft_position_to_a_step_that_drafts():
+    # 256 requests at acceptance 0.45; the knee has room for one draft for
+    # most of them, and the few left out are in fallback and get probed.  A
+    # probe that grew to two drafts after an accepted one made the step run
+    # a second draft pass over the whole batch for its few tokens (the
+    # simulated 8B + EAGLE at c=256: in half the decode-only steps).
+    rng = np.random.default_rng(6)
+    ctrl = SpecController(ControllerSettings(max_k=4),
+                          CostPrior.for_platform("cuda", "model", 0.05, draft_runs_at_k0=True))
+    for _ in range(200):
+        tokens, seconds = _eagle_c256_step(rng)
+        ctrl.observe_step(257, tokens, 1, seconds)
+    planned = []
+    plan_only = ctrl.goodput.decide
+
+    def recording_decide(*args, **kwargs):
+        d = plan_only(*args, **kwargs)
+        if "explore" in kwargs:  # the step's plan (the probes' hopeful plan passes none)
+            planned.append(d.k_step)
+        return d
+
+    ctrl.goodput.decide = recording_decide
+    ids = [f"r{i}" for i in range(256)]
+    for r in ids:
+        ctrl.add_request(r)
+    previous = np.zeros(256, dtype=int)
+    drafting = deeper = 0
+    for _ in range(300):
+        planned.clear()
+        prefill = 512 if rng.random() < 2 / 3 else 0
+        d = ctrl.plan(ids, base_tokens=256 + prefill)
+        accepted = [simulate_verification(rng, 0.45, k) for k in previous.tolist()]
+        ctrl.observe_verifications(ids, previous.tolist(), accepted)
+        tokens = 256 + prefill + int(d.k.sum())
+        extra_pass = 0.0005 * max(d.k_step - 1, 0)
+        ctrl.observe_step(256 + (prefill > 0), tokens, d.k_step,
+                          (_eagle_c256_seconds(tokens) + extra_pass) * rng.lognormal(0, 0.02))
+        previous = d.k.copy()
+        if planned[-1] > 0:  # (the last: a step with a chunk plans without it first)
+            drafting += 1
+            deeper += d.k_step > planned[-1]
+    assert drafting > 50 and ctrl.stats.probes_sent > 100
+    assert deeper == 0  # 14 of 102 before
+
+
 def test_a_knee_is_found_from_the_few_steps_that_carry_a_prefill_chunk():
     # At c=8 a decode step (8 requests, up to 8 drafts each: 8-72 tokens)
     # stays below a 70B target's ridge (about 180 tokens a pass on H200);

@@ -362,7 +362,8 @@ class SpecController:
         draft catch-up the probe triggers (zero-cost fallback)?  In a compute-bound
         batch, or when the draft pass costs more than good drafts could
         return, the answer is no and nothing is probed.  The probe is no
-        deeper than the slots that hopeful plan would grant them.
+        deeper than the slots that hopeful plan would grant them, nor than
+        the K_step of a plan that drafts.
         """
         k = decision.k
         granted = k
@@ -384,6 +385,16 @@ class SpecController:
             due_idx = self._defer_probes_past_the_knee(rows, due_idx, base_tokens)
         depth = (self._probe_depth(rows, ceilings, due_idx, base_tokens, fixed_k_step)
                  if due_idx.size else 0)
+        if decision.k_step > 0 and fixed_k_step is None:
+            # A step that drafts already runs K_step draft positions; a
+            # deeper probe would add a draft pass over the whole batch for
+            # a few requests' tokens.  (Simulated 8B + EAGLE at c=256: the
+            # decode-only steps draft one position for the requests the
+            # knee has room for, and probes of two drafts for the four or
+            # so left out (0.9 tokens) ran a second EAGLE pass, 0.48 ms, in
+            # half of them.)  Once a probe is accepted, the plan itself
+            # grants deeper slots where they pay.
+            depth = min(depth, decision.k_step)
         if depth > 0:
             due_rows = rows[due_idx]
             # A probe is no deeper than a good request would be granted: in
