@@ -772,6 +772,19 @@ def _eagle_c256_step(rng, decode_share=1 / 3):
     return tokens, seconds
 
 
+def _eagle_c256_controller(rng):
+    """A controller that has learnt the 8B + EAGLE c=256 roofline, with 256 requests added."""
+    ctrl = SpecController(ControllerSettings(max_k=4),
+                          CostPrior.for_platform("cuda", "model", 0.05, draft_runs_at_k0=True))
+    for _ in range(200):
+        tokens, seconds = _eagle_c256_step(rng)
+        ctrl.observe_step(257, tokens, 1, seconds)
+    ids = [f"r{i}" for i in range(256)]
+    for r in ids:
+        ctrl.add_request(r)
+    return ctrl, ids
+
+
 def test_a_range_of_step_sizes_the_fit_misprices_is_fitted_not_dropped_as_stalls():
     # Slow outliers are dropped (a stall says nothing about the step).  But
     # a linear fit carried by the many steps with a prefill chunk prices
@@ -821,15 +834,8 @@ def test_probes_wait_for_a_step_below_the_knee():
     # a step into the expensive steps.  A due probe now waits for a step
     # that stays below the knee (up to twice its back-off).
     rng = np.random.default_rng(6)
-    ctrl = SpecController(ControllerSettings(max_k=4),
-                          CostPrior.for_platform("cuda", "model", 0.05, draft_runs_at_k0=True))
-    for _ in range(200):  # the roofline is learnt first (see the knee test above)
-        tokens, seconds = _eagle_c256_step(rng)
-        ctrl.observe_step(257, tokens, 1, seconds)
+    ctrl, ids = _eagle_c256_controller(rng)  # the roofline learnt (see the knee test above)
     assert ctrl.cost.knee == 512.0
-    ids = [f"r{i}" for i in range(256)]
-    for r in ids:
-        ctrl.add_request(r)
     previous = np.zeros(256, dtype=int)
     probes = {False: [], True: []}
     for _ in range(300):
@@ -915,14 +921,7 @@ def test_a_request_left_out_only_by_a_prefill_chunk_is_not_in_fallback():
     # simulated 8B + EAGLE at c=256 sent probes of 240 requests there).
     # Only a request the plan without the chunk leaves out is in fallback.
     rng = np.random.default_rng(6)
-    ctrl = SpecController(ControllerSettings(max_k=4),
-                          CostPrior.for_platform("cuda", "model", 0.05, draft_runs_at_k0=True))
-    for _ in range(200):
-        tokens, seconds = _eagle_c256_step(rng)
-        ctrl.observe_step(257, tokens, 1, seconds)
-    ids = [f"r{i}" for i in range(256)]
-    for r in ids:
-        ctrl.add_request(r)
+    ctrl, ids = _eagle_c256_controller(rng)
     previous = np.zeros(256, dtype=int)
     slots_without, excess = [], []
     for _ in range(300):
@@ -952,11 +951,7 @@ def test_a_probe_adds_no_draft_position_to_a_step_that_drafts():
     # a second draft pass over the whole batch for its few tokens (the
     # simulated 8B + EAGLE at c=256: in half the decode-only steps).
     rng = np.random.default_rng(6)
-    ctrl = SpecController(ControllerSettings(max_k=4),
-                          CostPrior.for_platform("cuda", "model", 0.05, draft_runs_at_k0=True))
-    for _ in range(200):
-        tokens, seconds = _eagle_c256_step(rng)
-        ctrl.observe_step(257, tokens, 1, seconds)
+    ctrl, ids = _eagle_c256_controller(rng)
     planned = []
     plan_only = ctrl.goodput.decide
 
@@ -967,9 +962,6 @@ def test_a_probe_adds_no_draft_position_to_a_step_that_drafts():
         return d
 
     ctrl.goodput.decide = recording_decide
-    ids = [f"r{i}" for i in range(256)]
-    for r in ids:
-        ctrl.add_request(r)
     previous = np.zeros(256, dtype=int)
     drafting = deeper = 0
     for _ in range(300):
