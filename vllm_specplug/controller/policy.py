@@ -105,7 +105,6 @@ class GoodputPolicy:
         self._optimism = optimism
         self._knee = (math.inf, 0.0)
         self._threshold = None
-        self._terms = None
         # The compiled loop (vllm_specplug.controller.compiled) when numba is
         # there; tests switch it off to check the NumPy path against it.
         self.use_compiled = use_compiled
@@ -164,7 +163,7 @@ class GoodputPolicy:
         s = survival
         if capped:
             s = np.where(self._positions(width) < ceilings[:, None], s, 0.0)
-        self._terms = (a0, a_tok, a_pass, cov)
+        terms = (a0, a_tok, a_pass, cov)
         self._catchup_share = (cost.catchup_seconds(catchup_tokens, batch)
                                / self.CATCHUP_AMORTIZATION_STEPS if catchup_tokens > 0 else 0.0)
         # Past the cost model's knee (if any) a token costs knee_slope more;
@@ -193,14 +192,14 @@ class GoodputPolicy:
         # take[r, p] = 1.0 where slot (r, p) is granted; s * take beside it.
         buf = self._buffer(batch, width)
         for _ in range(self.ROUNDS):
-            j, tokens, n, seconds = self._best_j(s, buf, fixed_k_step, lam, a0, a_tok, a_pass,
-                                                 batch, t_plain, cost, optimistic=False)
+            j, tokens, n, seconds = self._best_j(s, buf, fixed_k_step, lam, terms, batch,
+                                                 t_plain, cost, optimistic=False)
             rate = tokens / seconds if seconds > 0 else 0.0
             if rate <= lam * (1.0 + 1e-6):
                 break
             lam = rate
-        j, tokens, n, seconds = self._best_j(s, buf, fixed_k_step, lam, a0, a_tok, a_pass,
-                                             batch, t_plain, cost, optimistic=True)
+        j, tokens, n, seconds = self._best_j(s, buf, fixed_k_step, lam, terms, batch, t_plain,
+                                             cost, optimistic=True)
         if n > 0 and self._threshold is not None:
             # The knee bound: the plan takes the slots down to this survival.
             top = s[:, :j]
@@ -226,9 +225,9 @@ class GoodputPolicy:
         fixed number of times per request, and the rate is highest when
         each such step maximises its tokens minus ``lambda_D`` times its
         seconds, where ``lambda_D`` is the rate of the steps without
-        prefill.  (Per request of L tokens, with the
-        decode-only steps' tokens g_D in t_D and the prefill step's g_P in
-        t_P: time per token is (1 - g_P / L) t_D / g_D + t_P / L.)  The
+        prefill.  (Per request of L tokens, with the decode-only steps'
+        tokens g_D in t_D and the prefill step's g_P in t_P: time per token
+        is (1 - g_P / L) t_D / g_D + t_P / L.)  The
         step's own rate is lower, since its drafts all cost the price past
         the knee, and as the bar it took drafts the decode-only steps would
         have beaten: in the simulated 70B + 1B at c=64, where two steps in
@@ -261,9 +260,11 @@ class GoodputPolicy:
             decode_only_k=None if decode_only is None else decode_only.k,
         )
 
-    def _best_j(self, s, buf, fixed_k_step, lam, a0, a_tok, a_pass, batch, t_plain, cost,
-                optimistic):
+    def _best_j(self, s, buf, fixed_k_step, lam, terms, batch, t_plain, cost, optimistic):
         """(j, expected tokens, slots, decode seconds) of the best plan at ``lam``.
+
+        ``terms``: the reduced cost terms the plan is priced with (as
+        ``StepCostModel.reduced_terms``, or ``decide``'s roofline reading).
 
         Leaves the slots taken at ``lam`` in ``buf[0]``.  This runs two or
         three times in every decision, so it is a handful of array
@@ -271,6 +272,7 @@ class GoodputPolicy:
         the per-position sums); the scan over K_step, at most ``max_k + 1``
         values, is plain Python, cheaper than array calls at that size.
         """
+        _, a_tok, a_pass, _ = terms
         bar = lam * a_tok
         take, weighted = buf[0], buf[1]
         # With a zero verification cost the bar is 0 and only positive
@@ -296,7 +298,7 @@ class GoodputPolicy:
                 thresholds = [thresholds[fixed_k_step]]
         if optimistic:
             seconds = cost.predict_lower(batch, [batch + n for n in n_cum], js, self._optimism,
-                                         self._terms)
+                                         terms)
             if js[0] == 0:
                 seconds[0] = t_plain  # plain decoding is judged at its point estimate
         else:
