@@ -1040,3 +1040,46 @@ def _anchor_run(per_token: float):
     _, history = drive(ctrl, [1.0] * 4, 200, np.random.default_rng(0), per_token=per_token,
                        draft=0.002)
     return ctrl, [d.k_step for d in history]
+
+
+def test_a_ceiling_capped_at_a_requests_end_only_falls_and_is_no_plain_anchor():
+    # The scheduler caps a request's ceiling as it nears max_tokens
+    # (cap_ceiling).  The cap only lowers: a later, looser cap does not
+    # raise it, nor does it raise a per-request ceiling.
+    ctrl = SpecController(ControllerSettings(max_k=4), CostPrior.for_platform("cuda", "model", 0.1))
+    ctrl.add_request("low", ceiling=2)
+    ctrl.cap_ceiling("low", 3)
+    ctrl.cap_ceiling("new", 1)  # unknown yet: registered, then capped
+    assert ctrl._ceiling[[ctrl._row_of["low"], ctrl._row_of["new"]]].tolist() == [2, 1]
+    ctrl.cap_ceiling("new", -3)
+    ctrl.cap_ceiling("new", 2)
+    assert ctrl._ceiling[ctrl._row_of["new"]] == 0
+
+    # A batch whose every ceiling is 0 plans K=0 because it must.  The step
+    # after such a plan may still verify drafts or carry the next request's
+    # prefill, so it starts no anchor; inside an anchor under way it counts
+    # as the anchor's own plan would.  (Counted as neither, a request's last
+    # plans left the anchor's second plan for the next request's prefill,
+    # and that request's first decode step verified no drafts.)
+    ctrl, k_steps = _anchor_run(per_token=0.0164)
+    assert ctrl._anchor_left == 0
+    ids = ["r0", "r1", "r2", "r3"]
+    while ctrl.plan(ids).k_step > 0 or ctrl._anchor_left == 0:
+        ctrl.observe_step(4, 4 + 16, 4, 0.1)
+    assert ctrl._anchor_left == ctrl.PLAIN_ANCHOR_STEPS - 1  # the anchor's first plan ran
+    for rid in ids:
+        ctrl.cap_ceiling(rid, 0)
+    since = ctrl._since_plain
+    assert ctrl.plan(ids).k_step == 0
+    assert ctrl._anchor_left == 0 and ctrl._since_plain == since
+    fresh = ["n0", "n1", "n2", "n3"]
+    for rid in fresh:
+        ctrl.add_request(rid)
+    # The next batch's plan is the policy's, not the rest of the anchor.
+    assert ctrl.plan(fresh).k_step > 0
+    # And forced K=0 plans outside an anchor leave its count alone.
+    for rid in fresh:
+        ctrl.cap_ceiling(rid, 0)
+    since = ctrl._since_plain
+    assert ctrl.plan(fresh).k_step == 0
+    assert ctrl._since_plain == since and ctrl._anchor_left == 0
