@@ -9,8 +9,10 @@ method body is copied.  What each override adds:
 - ``_update_after_schedule`` (the end of ``schedule()``): ask the controller
   for this step's plan, set ``num_spec_tokens_to_schedule`` (K_step: how many
   draft positions the proposer runs at the end of the step), and remember
-  each request's k_r.  In async mode the per-request placeholders are sized
-  to k_r here, as vLLM sizes them to K_step.
+  each request's k_r; under the goodput policy, first cap the drafts of
+  requests near their ``max_tokens`` (``_cap_drafts_at_output_end``).  In
+  async mode the per-request placeholders are sized to k_r here, as vLLM
+  sizes them to K_step.
 - ``update_draft_token_ids`` (sync mode): trim each request's fresh drafts to
   its k_r before vLLM stores them, so only those are verified next step.
 - ``update_from_output``: before vLLM consumes the output, read drafted and
