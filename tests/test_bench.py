@@ -110,22 +110,3 @@ def test_mismatches_that_static_k_shares_are_told_apart_from_the_policys():
         False,        # a request no static K got wrong
         False,        # k0 verifies nothing: always the run's failure
         False]        # another workload
-
-
-def test_request_end_script_runs_on_tiny_models(tmp_path, capsys):
-    # benchmarks/request_end.py (goodput with and without its max_tokens
-    # cap, on one engine) as a smoke test: it must keep finding the cap it
-    # switches off, and its output check must pass.
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "request_end.py"
-    spec = importlib.util.spec_from_file_location("request_end", path)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    rc = script.main(["--setup", "tiny", "--workloads", "easy", "--requests", "2",
-                      "--max-tokens", "16", "--repeats", "1",
-                      "--tiny-root", str(tmp_path / "tiny")])
-    out = capsys.readouterr().out
-    assert rc == 0
-    assert "| easy (k0 " in out and "goodput / uncapped" in out

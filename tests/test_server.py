@@ -205,12 +205,10 @@ def test_metrics_and_trace_agree_with_vllm_counters(adaptive_server):
                    "vllm:specplug_predicted_step_seconds_total",
                    "vllm:specplug_measured_step_seconds_total"):
         assert series in names, sorted(names)
-    # A good draft (the target itself): request-steps mostly get the ceiling,
-    # except a request's last few, which get no drafts past max_tokens
-    # (scheduler._cap_drafts_at_output_end; 48 tokens at about 5 a step).
+    # A good draft (the target itself): most request-steps get the ceiling.
     full = metric_sum(m, "vllm:specplug_request_steps_total", k="4")
     total = metric_sum(m, "vllm:specplug_request_steps_total")
-    assert full > 0.4 * total, m
+    assert full > 0.5 * total, m
     assert metric_sum(m, "vllm:specplug_estimated_acceptance", position="1") > 0.8
     assert metric_sum(m, "vllm:specplug_measured_step_seconds_total") > 0
     # The trace parses, and its verified counts are vLLM's own counters.

@@ -9,10 +9,8 @@ method body is copied.  What each override adds:
 - ``_update_after_schedule`` (the end of ``schedule()``): ask the controller
   for this step's plan, set ``num_spec_tokens_to_schedule`` (K_step: how many
   draft positions the proposer runs at the end of the step), and remember
-  each request's k_r; under the goodput policy, first cap the drafts of
-  requests near their ``max_tokens`` (``_cap_drafts_at_output_end``).  In
-  async mode the per-request placeholders are sized to k_r here, as vLLM
-  sizes them to K_step.
+  each request's k_r.  In async mode the per-request placeholders are sized
+  to k_r here, as vLLM sizes them to K_step.
 - ``update_draft_token_ids`` (sync mode): trim each request's fresh drafts to
   its k_r before vLLM stores them, so only those are verified next step.
 - ``update_from_output``: before vLLM consumes the output, read drafted and
@@ -352,8 +350,6 @@ class _AdaptiveSpecMixin:
         requests = self.requests
         decoding = [rid for rid in scheduler_output.num_scheduled_tokens
                     if not requests[rid].is_prefill_chunk]
-        if sp.config.policy == "goodput":
-            self._cap_drafts_at_output_end(decoding)
         spec_tokens = sum(len(v) for v in scheduler_output.scheduled_spec_decode_tokens.values())
         base_tokens = scheduler_output.total_num_scheduled_tokens - spec_tokens
         vllm_k_step = scheduler_output.num_spec_tokens_to_schedule
@@ -392,31 +388,6 @@ class _AdaptiveSpecMixin:
             # placeholder would read another request's drafts).
             for rid, k in sp.planned.items():
                 requests[rid].spec_token_ids = sp.placeholder(min(k, k_step))
-
-    def _cap_drafts_at_output_end(self, decoding: list[str]) -> None:
-        """No drafts a request cannot use before its ``max_tokens``.
-
-        The drafts planned now are verified in a later step, after this one
-        has produced at least one token (under async scheduling, after the
-        step in flight has), and a step that verifies k drafts emits at most
-        k + 1 tokens.  So a request with n = max_tokens - num_output_tokens
-        left can use at most n - 2; a draft beyond that is never verified,
-        and the step that runs it pays for it.  (On this CPU, 32-token
-        requests at concurrency 1: the last plan of a request drafted 8
-        for a request that then finished, 0.23 s in a 3 s run.)  Only the
-        goodput policy does this: static K, the heuristic and vLLM's table
-        stand for what those policies do without the plugin.  A request
-        that stops early (EOS, a stop string) is not known in advance.
-        """
-        sp = self.specplug
-        requests = self.requests
-        ceiling = sp.ceiling
-        cap = sp.controller.cap_ceiling
-        for rid in decoding:
-            request = requests[rid]
-            left = request.max_tokens - request.num_output_tokens - 2
-            if left < ceiling:
-                cap(rid, left)
 
     def update_draft_token_ids(self, draft_token_ids) -> None:
         sp = self.specplug

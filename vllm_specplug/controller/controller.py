@@ -167,22 +167,6 @@ class SpecController:
         self._ceiling[row] = max(0, min(int(ceiling), self.settings.max_k))
         self._last_ids = None
 
-    def cap_ceiling(self, req_id: str, cap: int) -> None:
-        """Lower a live request's ceiling to ``cap`` for the rest of its life (never raise it).
-
-        The scheduler calls it as a request nears its ``max_tokens``: drafts
-        past the last token it may emit are never verified, so at the end of
-        a request they are pure cost (see ``scheduler._cap_drafts_at_output_end``).
-        """
-        row = self._row_of.get(req_id)
-        if row is None:
-            self.add_request(req_id)
-            row = self._row_of[req_id]
-        cap = max(0, int(cap))
-        if cap < self._ceiling[row]:
-            self._ceiling[row] = cap
-            self._last_ids = None
-
     def finish_request(self, req_id: str) -> None:
         row = self._row_of.get(req_id)
         if row is None:
@@ -540,19 +524,8 @@ class SpecController:
         speculation wins by far, an anchor waits (``_anchor_can_wait``).
         """
         if decision.k_step == 0:
-            if self._last_n_off < decision.k.size:
-                self._since_plain = 0
-                self._anchor_left = 0
-            elif self._anchor_left:
-                # Every ceiling is 0 (requests at their last tokens, see
-                # cap_ceiling): K=0 is forced, and it serves the anchor under
-                # way as well as the anchor's own plan would.  (Not counted,
-                # the anchor's last plan fell on the next request's prefill,
-                # and its first decode step verified no drafts.)
-                self._anchor_left -= 1
-            # A forced K=0 starts no anchor: the step after it may still
-            # verify drafts or carry the next request's prefill, not the
-            # plain step an anchor measures.
+            self._since_plain = 0
+            self._anchor_left = 0
             return decision
         if self._anchor_left == 0:
             self._since_plain += 1
