@@ -193,6 +193,7 @@ def test_bad_vllm_xargs_get_400_and_server_keeps_serving(adaptive_server, bad):
 
 def test_metrics_and_trace_agree_with_vllm_counters(adaptive_server):
     c = client(adaptive_server)
+    before = adaptive_server.metrics()
     for i in range(4):
         c.completions.create(model=adaptive_server.model, prompt=PROMPT + f" w{i}",
                              max_tokens=48, temperature=0)
@@ -205,10 +206,20 @@ def test_metrics_and_trace_agree_with_vllm_counters(adaptive_server):
                    "vllm:specplug_predicted_step_seconds_total",
                    "vllm:specplug_measured_step_seconds_total"):
         assert series in names, sorted(names)
-    # A good draft (the target itself): most request-steps get the ceiling.
-    full = metric_sum(m, "vllm:specplug_request_steps_total", k="4")
-    total = metric_sum(m, "vllm:specplug_request_steps_total")
-    assert full > 0.5 * total, m
+    # A good draft (the target itself): most of these requests' steps get the
+    # ceiling.  Counted over this test's requests only: the module's earlier
+    # ones include a request with ceiling 0 (32 plain request-steps, a quarter
+    # of all before this test) and sampled 4-token requests, whose drafts the
+    # near-uniform tiny model rejects.  Counted over all, the share read
+    # 0.51 (68 of 133) against a bound of 0.5; over this test's requests,
+    # 0.83 (40 of 48) in the same run (a decision trace, session 17).
+    def steps_at(k=None):
+        labels = {} if k is None else {"k": k}
+        return (metric_sum(m, "vllm:specplug_request_steps_total", **labels)
+                - metric_sum(before, "vllm:specplug_request_steps_total", **labels))
+
+    full, total = steps_at("4"), steps_at()
+    assert total > 0 and full > 0.6 * total, (full, total, m)
     assert metric_sum(m, "vllm:specplug_estimated_acceptance", position="1") > 0.8
     assert metric_sum(m, "vllm:specplug_measured_step_seconds_total") > 0
     # The trace parses, and its verified counts are vLLM's own counters.
