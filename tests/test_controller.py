@@ -560,6 +560,57 @@ def test_a_first_draft_pass_run_at_k0_is_not_charged_to_one_draft():
         assert pol.decide(survival, ceilings, float(batch), linear).k_step == 0
 
 
+def _run_with_slow_first_drafting_steps(seed: int, steps: int) -> list[int]:
+    """k granted to one request whose drafts are always accepted, step by step.
+
+    The tiny test models behind vllm serve (test_server): the target as its
+    own draft, zero-cost fallback (the draft skips K=0 steps and catches
+    up), a plain step 2.7 ms, a draft pass 0.75 ms, and a draft's first
+    steps 3x their steady time.  Two are dropped as warm-up
+    (StepCostModel.SKIP_FIRST_DRAFTING); here two more are slow.
+    """
+    rng = np.random.default_rng(seed)
+    ctrl = SpecController(ControllerSettings(max_k=4, cost_forgetting=0.99),
+                          CostPrior.for_platform("cpu", "model", 1.0))
+    ctrl.add_request("r0")
+    warm_up = [3.0] * 4
+    previous, gap, granted = np.zeros(1, dtype=int), 0, []
+    for _ in range(steps):
+        d = ctrl.plan(["r0"], catchup_tokens=gap)
+        ctrl.observe_verifications(["r0"], previous, previous)  # perfect drafts
+        tokens = 1 + int(previous.sum())
+        catchup = gap if d.k_step else 0
+        seconds = 2.5e-3 + 1.6e-4 * tokens + 7.5e-4 * d.k_step
+        if catchup:
+            seconds += 7.5e-4 + 5e-5 * catchup
+        if d.k_step and warm_up:
+            seconds *= warm_up.pop(0)
+        ctrl.observe_step(1, tokens, d.k_step, seconds * rng.lognormal(0.0, 0.1), catchup)
+        gap = 0 if d.k_step else gap + tokens
+        previous = d.k.copy() if d.k_step else np.zeros(1, dtype=int)
+        granted.append(int(d.k[0]))
+    return granted
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "known cold-start trap (benchmarks/README.md, Cold start): a drafting price set by a "
+    "few slow warm-up steps is never measured again"))
+@pytest.mark.parametrize("seed", range(3))
+def test_a_drafting_price_set_by_slow_warm_up_steps_does_not_keep_drafting_off(seed):
+    # Fitted, the two slow steps price drafting at several plain steps: the
+    # request falls back at once, and the probe gate, which asks the same
+    # price (plus the catch-up the probe would trigger), sends no probe.
+    # Nothing drafts, so nothing measures the price again.  Each re-measure
+    # tried in session 18 either kept this trap or took a cell of the
+    # simulated CPU profile below 0.97x of plain (benchmarks/README.md, "The
+    # same trap behind vllm serve"); the cap on drafts near max_tokens
+    # (session 16) stays out until a fix does neither.  Strict: a fix makes
+    # this pass and must then drop the mark.
+    granted = _run_with_slow_first_drafting_steps(seed, 240)
+    assert 0 in granted[:120]  # the slow steps did put the request in fallback
+    assert np.mean(granted[-32:]) >= 3.5, granted
+
+
 def test_a_plan_that_makes_the_draft_catch_up_is_not_tried_just_to_measure_it():
     # The cost bound's optimism gets untried plans measured once.  With
     # zero-cost fallback a plan that drafts first makes the draft catch up

@@ -212,7 +212,7 @@ def test_metrics_and_trace_agree_with_vllm_counters(adaptive_server):
     # of all before this test) and sampled 4-token requests, whose drafts the
     # near-uniform tiny model rejects.  Counted over all, the share read
     # 0.51 (68 of 133) against a bound of 0.5; over this test's requests,
-    # 0.83 (40 of 48) in the same run (a decision trace, session 17).
+    # 0.83 (40 of 48) in the same run (a decision trace, session 18).
     def steps_at(k=None):
         labels = {} if k is None else {"k": k}
         return (metric_sum(m, "vllm:specplug_request_steps_total", **labels)
