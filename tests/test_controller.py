@@ -51,6 +51,39 @@ def drive(ctrl, alphas, steps, rng, per_token=0.01, draft=0.0, req_prefix="r"):
     return ids, history
 
 
+def drive_perfect_drafts(ctrl, batch, steps, rng, step_seconds, warm_up=(), catch_up=None):
+    """Run ``steps`` steps of ``batch`` requests whose drafts are always accepted.
+
+    Returns the k granted to the first request, step by step.  Step time is
+    ``step_seconds(tokens, k_step)`` with 10% lognormal noise; the first
+    drafting steps are multiplied by ``warm_up`` (a draft's first steps run
+    new shapes).  With ``catch_up`` (seconds for a catch-up of n tokens),
+    zero-cost fallback: the draft skips K=0 steps and catches up on their
+    tokens in the next step that drafts.
+    """
+    ids = [f"r{i}" for i in range(batch)]
+    for r in ids:
+        ctrl.add_request(r)
+    warm_up = list(warm_up)
+    previous, gap, granted = np.zeros(batch, dtype=int), 0, []
+    for _ in range(steps):
+        d = ctrl.plan(ids, catchup_tokens=gap)
+        ctrl.observe_verifications(ids, previous, previous)
+        tokens = batch + int(previous.sum())
+        catchup = gap if d.k_step else 0
+        seconds = step_seconds(tokens, d.k_step)
+        if catchup:
+            seconds += catch_up(catchup)
+        if d.k_step and warm_up:
+            seconds *= warm_up.pop(0)
+        ctrl.observe_step(batch, tokens, d.k_step, seconds * rng.lognormal(0.0, 0.1), catchup)
+        if catch_up is not None:
+            gap = 0 if d.k_step else gap + tokens
+        previous = d.k.copy()
+        granted.append(int(d.k[0]))
+    return granted
+
+
 def test_estimator_converges_per_position():
     est = AcceptanceEstimator(4, forgetting=0.98)
     est.add("a")
@@ -227,24 +260,10 @@ def test_the_first_drafting_steps_warm_up_without_trapping_the_request_in_fallba
     # second 2x.  Fitted, the second priced the draft pass at 6x its value;
     # the requests fell back, nothing drafted again, so nothing re-measured
     # the price, and the probe gate (which asks it) kept every probe back.
-    rng = np.random.default_rng(seed)
     ctrl = SpecController(ControllerSettings(max_k=4), CostPrior.for_platform("cpu", "model", 1.0))
-    ids = [f"r{i}" for i in range(4)]
-    for r in ids:
-        ctrl.add_request(r)
-    warm_up = [43.0, 2.0]
-    previous = np.zeros(4, dtype=int)
-    drafted = []
-    for _ in range(96):
-        d = ctrl.plan(ids)
-        ctrl.observe_verifications(ids, previous, previous)  # perfect drafts
-        tokens = 4 + int(previous.sum())
-        seconds = (2e-3 + 4e-5 * tokens + 5e-4 * d.k_step) * rng.lognormal(0.0, 0.1)
-        if d.k_step and warm_up:
-            seconds *= warm_up.pop(0)
-        ctrl.observe_step(4, tokens, d.k_step, seconds)
-        previous = d.k.copy()
-        drafted.append(int(d.k[0]))
+    drafted = drive_perfect_drafts(ctrl, 4, 96, np.random.default_rng(seed),
+                                   lambda tokens, k_step: 2e-3 + 4e-5 * tokens + 5e-4 * k_step,
+                                   warm_up=[43.0, 2.0])
     assert max(drafted) == 4 and np.mean(drafted[-16:]) >= 3.5, drafted
 
 
@@ -569,27 +588,12 @@ def _run_with_slow_first_drafting_steps(seed: int, steps: int) -> list[int]:
     steps 3x their steady time.  Two are dropped as warm-up
     (StepCostModel.SKIP_FIRST_DRAFTING); here two more are slow.
     """
-    rng = np.random.default_rng(seed)
     ctrl = SpecController(ControllerSettings(max_k=4, cost_forgetting=0.99),
                           CostPrior.for_platform("cpu", "model", 1.0))
-    ctrl.add_request("r0")
-    warm_up = [3.0] * 4
-    previous, gap, granted = np.zeros(1, dtype=int), 0, []
-    for _ in range(steps):
-        d = ctrl.plan(["r0"], catchup_tokens=gap)
-        ctrl.observe_verifications(["r0"], previous, previous)  # perfect drafts
-        tokens = 1 + int(previous.sum())
-        catchup = gap if d.k_step else 0
-        seconds = 2.5e-3 + 1.6e-4 * tokens + 7.5e-4 * d.k_step
-        if catchup:
-            seconds += 7.5e-4 + 5e-5 * catchup
-        if d.k_step and warm_up:
-            seconds *= warm_up.pop(0)
-        ctrl.observe_step(1, tokens, d.k_step, seconds * rng.lognormal(0.0, 0.1), catchup)
-        gap = 0 if d.k_step else gap + tokens
-        previous = d.k.copy() if d.k_step else np.zeros(1, dtype=int)
-        granted.append(int(d.k[0]))
-    return granted
+    return drive_perfect_drafts(
+        ctrl, 1, steps, np.random.default_rng(seed),
+        lambda tokens, k_step: 2.5e-3 + 1.6e-4 * tokens + 7.5e-4 * k_step,
+        warm_up=[3.0] * 4, catch_up=lambda n: 7.5e-4 + 5e-5 * n)
 
 
 @pytest.mark.xfail(strict=True, reason=(
