@@ -1,32 +1,35 @@
-"""The adaptive-K controller: plain Python and NumPy, no vLLM import.
-
-Its per-step loops are compiled with numba when it is installed (see
-``compiled``); the NumPy paths are the fallback and the reference.
-"""
+"""The adaptive-K controller: plain Python and NumPy, no vLLM import."""
 
 from vllm_specplug.controller.controller import (
     ControllerSettings,
     ControllerStats,
     SpecController,
 )
-from vllm_specplug.controller.cost_model import CostPrior, StepCostModel
 from vllm_specplug.controller.estimator import AcceptanceEstimator
 from vllm_specplug.controller.policy import (
     Decision,
     GoodputPolicy,
     HeuristicPolicy,
     StaticPolicy,
+    StepPricer,
+)
+from vllm_specplug.controller.profile import (
+    ProfileCorrection,
+    StepProfile,
+    prior_profile,
 )
 
 __all__ = [
     "AcceptanceEstimator",
     "ControllerSettings",
     "ControllerStats",
-    "CostPrior",
     "Decision",
     "GoodputPolicy",
     "HeuristicPolicy",
+    "ProfileCorrection",
     "SpecController",
     "StaticPolicy",
-    "StepCostModel",
+    "StepPricer",
+    "StepProfile",
+    "prior_profile",
 ]

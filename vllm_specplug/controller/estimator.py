@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from vllm_specplug.controller import compiled
-
 
 class AcceptanceEstimator:
     def __init__(
@@ -38,14 +36,10 @@ class AcceptanceEstimator:
         prior_strength: float = 2.0,
         initial_acceptance: float = 0.6,
         initial_capacity: int = 64,
-        use_compiled: bool = True,
     ) -> None:
         if max_positions < 1:
             raise ValueError("max_positions must be >= 1")
         self.max_positions = max_positions
-        # The compiled survival refresh (vllm_specplug.controller.compiled)
-        # when numba is there; the NumPy path is the reference.
-        self.use_compiled = use_compiled
         self.forgetting = forgetting
         self.global_forgetting = global_forgetting
         self.prior_strength = prior_strength
@@ -306,11 +300,7 @@ class AcceptanceEstimator:
 
     def _refresh_survival(self, rows: np.ndarray) -> None:
         """Recompute the cached survival table for ``rows`` (after new data or a new profile)."""
-        if self.use_compiled and compiled.refresh_survival is not None:
-            compiled.refresh_survival(self._counts, rows, self._surv_profile, self._prior_share,
-                                      float(self.prior_strength), self.TIE_BREAK, self._surv)
-        else:
-            self._surv[rows] = self._compute_survival(rows, self._surv_profile)
+        self._surv[rows] = self._compute_survival(rows, self._surv_profile)
 
     def _compute_survival(self, rows: np.ndarray, g: np.ndarray) -> np.ndarray:
         surv = np.cumprod(self._compute_conditional(rows, g), axis=1)
