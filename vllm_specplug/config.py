@@ -55,8 +55,11 @@ class SpecPlugConfig:
     prior_strength: float = _DEFAULTS.prior_strength
     # Acceptance assumed per position before anything is observed (0, 1).
     initial_acceptance: float = _DEFAULTS.initial_acceptance
-    # Per-step forgetting of the step-cost regression (0, 1].
-    cost_forgetting: float = _DEFAULTS.cost_forgetting
+    # The step-cost profile the policy prices steps with: "auto" (the cached
+    # profile of this deployment, or one measured at start-up and cached),
+    # a path to a profile JSON (`vllm-specplug profile` writes one), or
+    # "off" (relative prices from parameter counts, nothing measured).
+    profile: str = "auto"
     # Relative goodput gain speculation must promise over plain decoding.
     min_gain: float = _DEFAULTS.min_gain
     # Drafts offered by a re-probe of a request in fallback.
@@ -110,10 +113,10 @@ class SpecPlugConfig:
             v = getattr(self, key)
             if v is not None and not (_is_int(v) and 0 <= v <= n):
                 raise bad(key, f"an integer from 0 to num_speculative_tokens ({n}), or null")
-        for key in ("forgetting", "cost_forgetting"):
-            v = getattr(self, key)
-            if not (_is_number(v) and 0 < v <= 1):
-                raise bad(key, "a number in (0, 1]")
+        if not (_is_number(self.forgetting) and 0 < self.forgetting <= 1):
+            raise bad("forgetting", "a number in (0, 1]")
+        if not (isinstance(self.profile, str) and self.profile.strip()):
+            raise bad("profile", '"auto" | "off" | a path to a profile JSON file')
         if not (_is_number(self.initial_acceptance) and 0 < self.initial_acceptance < 1):
             raise bad("initial_acceptance", "a number in (0, 1)")
         for key in ("prior_strength", "min_gain", "log_interval_s"):
@@ -147,7 +150,6 @@ class SpecPlugConfig:
             forgetting=self.forgetting,
             prior_strength=self.prior_strength,
             initial_acceptance=self.initial_acceptance,
-            cost_forgetting=self.cost_forgetting,
             min_gain=self.min_gain,
             probe_k=min(self.probe_k, max(ceiling, 1)),
             probe_interval=self.probe_interval,

@@ -39,7 +39,7 @@ from vllm_specplug.config import (
     SpecPlugRequestError,
     parse_request_args,
 )
-from vllm_specplug.controller import CostPrior, SpecController
+from vllm_specplug.controller import SpecController, StepProfile, prior_profile
 
 logger = logging.getLogger("vllm.specplug")
 
@@ -68,6 +68,30 @@ def _on_cpu() -> bool:
         return bool(current_platform.is_cpu())
     except Exception:
         return False
+
+
+def uses_plugin_scheduler(vllm_config) -> bool:
+    """Whether this engine's scheduler is vllm_specplug's."""
+    try:
+        cls = vllm_config.scheduler_config.get_scheduler_cls()
+    except Exception:
+        return False
+    return isinstance(cls, type) and issubclass(cls, _AdaptiveSpecMixin)
+
+
+def k_step_pinned_for(vllm_config) -> bool:
+    """Whether K_step must stay at num_speculative_tokens (see AdaptiveSpecState)."""
+    method = getattr(vllm_config.speculative_config, "method", None)
+    dp = getattr(vllm_config.parallel_config, "data_parallel_size", 1) or 1
+    return method not in ADAPTIVE_K_STEP_METHODS or dp > 1
+
+
+def zero_cost_fallback_for(vllm_config, config: SpecPlugConfig, pinned: bool | None = None) -> bool:
+    """Whether the draft model skips K_step = 0 steps (patches/draft_model_skip.py)."""
+    if pinned is None:
+        pinned = k_step_pinned_for(vllm_config)
+    method = getattr(vllm_config.speculative_config, "method", None)
+    return method == "draft_model" and config.zero_cost_fallback and not pinned and _on_cpu()
 
 
 def dp_index(parallel_config) -> int:
@@ -115,14 +139,15 @@ class AdaptiveSpecState:
         # rank must run the same number of draft passes: K_step stays fixed
         # and only per-request k adapts.
         dp = getattr(vllm_config.parallel_config, "data_parallel_size", 1) or 1
-        self.k_step_pinned = self.method not in ADAPTIVE_K_STEP_METHODS or dp > 1
+        self.k_step_pinned = k_step_pinned_for(vllm_config)
         self.pin_reason = ("data_parallel_size > 1: ranks step in lockstep" if dp > 1 else
                            f"method {self.method!r} needs a fixed K")
         self.is_async = isinstance(scheduler, AsyncScheduler)
         # Zero-cost fallback (patches/draft_model_skip.py): the worker skips
         # the draft model at K_step=0 and catches up before the next K_step>0.
-        # Known before the controller is built: it shapes the cost model.
+        # Known before the controller is built: it shapes the prior profile.
         self.zero_cost_fallback = self._zero_cost_fallback()
+        self.profile = self._profile()
         self.controller = self._new_controller()
         self.enabled = True
         self.planned: dict[str, int] = {}
@@ -175,6 +200,7 @@ class AdaptiveSpecState:
         if self.metrics is not None:
             self.metrics.flush(self.controller, self.faults)
         self.zero_cost_fallback = self._zero_cost_fallback()
+        self.profile = self._profile()
         self.controller = self._new_controller()
         if self.metrics is not None:
             self.metrics.controller_replaced(self.controller)
@@ -187,26 +213,24 @@ class AdaptiveSpecState:
         self.trace = self._open_trace(vllm_config)
 
     def _zero_cost_fallback(self) -> bool:
-        return (self.method == "draft_model" and self.config.zero_cost_fallback
-                and not self.k_step_pinned and _on_cpu())
+        return zero_cost_fallback_for(self.vllm_config, self.config, self.k_step_pinned)
 
     def _new_controller(self) -> SpecController:
-        """A controller for ``self.config``, its cost prior from the vLLM config."""
-        controller = SpecController(
-            self.config.controller_settings(self.num_spec_tokens),
-            cost_prior=self._cost_prior(self.vllm_config, self.vllm_config.speculative_config),
-        )
-        # Under async scheduling step times are not exact (see StepCostModel.observe).
-        controller.cost.keep_fast_steps = not self.is_async
-        return controller
+        return SpecController(self.config.controller_settings(self.num_spec_tokens),
+                              profile=self.profile)
 
-    def _cost_prior(self, vllm_config, spec) -> CostPrior:
-        try:
-            from vllm.platforms import current_platform
+    def _profile(self) -> StepProfile:
+        """The start-up profile measured for this engine, or one from parameter counts."""
+        from vllm_specplug import profiling
 
-            platform = str(getattr(current_platform, "device_type", "") or "cpu")
-        except Exception:
-            platform = "cpu"
+        measured = profiling.measured_profile(self.vllm_config)
+        if measured is not None:
+            if measured.meta.get("zero_cost_fallback") and not self.zero_cost_fallback:
+                # Measured skipping the draft at K_step = 0; here it runs then too.
+                return measured.with_first_pass_at_k0()
+            return measured
+        vllm_config, spec = self.vllm_config, self.vllm_config.speculative_config
+        ratio = None
         if self.method in DRAFT_MODEL_METHODS:
             ratio = 0.1
             try:
@@ -216,11 +240,22 @@ class AdaptiveSpecState:
                     ratio = draft / target
             except Exception:
                 pass
-            # vLLM runs a draft model's (or EAGLE head's) first pass at
-            # K_step = 0 too, unless zero-cost fallback skips it.
-            return CostPrior.for_platform(platform, "model", ratio,
-                                          draft_runs_at_k0=not self.zero_cost_fallback)
-        return CostPrior.for_platform(platform, "lookup")
+        try:
+            from vllm.platforms import current_platform
+
+            platform = str(getattr(current_platform, "device_type", "") or "cpu")
+        except Exception:
+            platform = "cpu"
+        sched = vllm_config.scheduler_config
+        if self.config.policy == "goodput":
+            why = ('profile is "off"' if self.config.profile == "off" else
+                   "K_step is pinned" if self.k_step_pinned else
+                   "no start-up measurement ran in this process")
+            logger.info("vllm-specplug: no measured step-cost profile (%s); prices from "
+                        "parameter counts", why)
+        return prior_profile(platform, ratio, int(sched.max_num_batched_tokens),
+                             int(sched.max_num_seqs),
+                             draft_runs_at_k0=ratio is not None and not self.zero_cost_fallback)
 
     def _make_metrics(self, vllm_config):
         try:

@@ -62,7 +62,10 @@ def _interp(x: float, xs: list, ys: list) -> float:
 
 
 def _interp_many(x: np.ndarray, xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
+    """``_interp`` at each of ``x``."""
     y = np.interp(x, xs, ys)
+    if xs.size == 1:
+        return np.where(x > xs[0], ys[0] * x / max(xs[0], 1.0), y)
     if xs.size > 1:
         slope = max((ys[-1] - ys[-2]) / (xs[-1] - xs[-2]), 0.0)
         past = x > xs[-1]
@@ -176,6 +179,12 @@ class StepProfile:
     def step(self, tokens: float, batch: float, k_step: int, catchup_tokens: float = 0.0) -> float:
         return (float(self.target(float(tokens))) + self.draft(tokens, batch, k_step)
                 + self.catchup(catchup_tokens))
+
+    def with_first_pass_at_k0(self) -> "StepProfile":
+        """This profile where the draft's first pass runs at K_step = 0 too (no skipping)."""
+        meta = dict(self.meta, zero_cost_fallback=False)
+        return StepProfile(self.tokens, self.target_s + self.first_s, np.zeros_like(self.first_s),
+                           self.batch, self.pass_s, pad_sizes=self.pad_sizes, meta=meta)
 
     # -- storage -------------------------------------------------------------
     def to_dict(self) -> dict:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 def install_all() -> dict[str, str | None]:
     """Install every patch; maps patch name to why it is off (None: installed)."""
-    from vllm_specplug.patches import draft_model_skip, kernel_override_scan
+    from vllm_specplug.patches import draft_model_skip, kernel_override_scan, startup_profile
 
     return {draft_model_skip.PATCH_NAME: draft_model_skip.install(),
-            kernel_override_scan.PATCH_NAME: kernel_override_scan.install()}
+            kernel_override_scan.PATCH_NAME: kernel_override_scan.install(),
+            startup_profile.PATCH_NAME: startup_profile.install()}

