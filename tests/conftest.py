@@ -11,6 +11,12 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Step-cost profiles of the tiny test models are measured per session, not
+# kept in the user's cache.
+if "VLLM_SPECPLUG_PROFILE_CACHE" not in os.environ:
+    import tempfile
+
+    os.environ["VLLM_SPECPLUG_PROFILE_CACHE"] = tempfile.mkdtemp(prefix="specplug-profiles-")
 
 import pytest
 

@@ -33,12 +33,21 @@ def test_defaults_are_goodput_with_ceiling_from_vllm():
     ({"probe_interval": 0}, "probe_interval"),
     ({"probe_interval": 8, "probe_max_interval": 4}, "probe_max_interval"),
     ({"log_interval_s": math.inf}, "log_interval_s"),
+    ({"profile": ""}, "profile"),
+    ({"profile": 3}, "profile"),
+    ({"cost_forgetting": 0.99}, "cost_forgetting"),  # gone: prices come from the profile
 ])
 def test_bad_values_name_the_key_and_allowed_values(raw, key):
     with pytest.raises(SpecPlugConfigError) as err:
         SpecPlugConfig.from_dict(raw, 8)
     msg = str(err.value)
     assert key in msg and "allowed" in msg
+
+
+def test_profile_defaults_to_auto():
+    assert SpecPlugConfig.from_dict({}, 8).profile == "auto"
+    for value in ("off", "/tmp/profile.json"):
+        assert SpecPlugConfig.from_dict({"profile": value}, 8).profile == value
 
 
 def test_unknown_keys_are_rejected_with_the_allowed_list():

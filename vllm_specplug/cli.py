@@ -3,6 +3,7 @@
     vllm-specplug serve [vllm serve arguments...]   vLLM's server, on CPU or GPU builds
     vllm-specplug models {list,fetch,path} ...      the offline model cache
     vllm-specplug trace plot TRACE.jsonl [-o PNG]   K over time per request from a trace
+    vllm-specplug profile --config FILE [--out DIR] the deployment's step-cost profile
 """
 
 from __future__ import annotations
@@ -23,6 +24,13 @@ def main(argv: list[str] | None = None) -> int:
         from vllm_specplug.trace import main as trace_main
 
         return trace_main(argv[1:])
+    if argv[0] == "profile":
+        from vllm_specplug.serve import install_version_shim
+
+        install_version_shim()
+        from vllm_specplug.profiling import main as profile_main
+
+        return profile_main(argv[1:])
     if argv[0] == "models":
         from vllm_specplug.models import main as models_main
 

@@ -126,6 +126,9 @@ class SpecController:
             self._alloc(self.estimator.capacity)
         self._ceiling[row] = s.max_k if ceiling is None else min(ceiling, s.max_k)
         self._reset_probe(np.array([row]))
+        # A new request's own drafts are untested: its first step in
+        # fallback sends a probe, without waiting out a back-off.
+        self._waited[row] = s.probe_interval
         self._probe_ok[row] = 0
         self._in_fallback[row] = 0
         self._last_ids = None
@@ -263,7 +266,7 @@ class SpecController:
 
         A request granted nothing while its ceiling allows drafts is in
         fallback; after ``backoff`` such steps (at once after an accepted
-        probe) it is due.  A probe goes out only when it could pay: the
+        probe, and on a new request's first step in fallback) it is due.  A probe goes out only when it could pay: the
         same argmax, with the due requests' drafts assumed good
         (``PROBE_OPTIMISM`` per position), must grant them slots; the probe
         is no deeper than that plan would grant, nor than the K_step of a

@@ -1,0 +1,147 @@
+"""The step-cost profile measured at engine start-up, on real vLLM (CPU, tiny models).
+
+- the profile is measured before the scheduler exists, cached, and a second
+  engine of the same deployment takes it from the cache after its check;
+- ``profile: off`` and ``profile: PATH`` do what they say; a bad path stops
+  start-up naming the key;
+- the cold-start trap: the draft's first calls after the profile are made
+  5x slow on purpose while serving, and a perfect draft still ends at the
+  ceiling (the profile prices drafting; slow live steps only nudge its
+  clipped correction).  Output equals plain decoding throughout.
+"""
+
+import json
+import os
+import time
+
+import pytest
+
+from conftest import CEILING, drafted_per_step, greedy, make_llm, scheduler_of, shutdown, token_ids
+from vllm_specplug.testing import prompt
+
+PROMPTS = [prompt(i) for i in range(3)]
+LONG = 96
+
+
+def draft_model(path):
+    return {"method": "draft_model", "model": path, "num_speculative_tokens": CEILING}
+
+
+@pytest.fixture(scope="module")
+def plain(tiny_models):
+    llm = make_llm(tiny_models["target"])
+    ref = token_ids(llm.generate(PROMPTS, greedy(LONG), use_tqdm=False))
+    shutdown(llm)
+    return ref
+
+
+@pytest.fixture
+def profile_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("VLLM_SPECPLUG_PROFILE_CACHE", str(tmp_path / "profiles"))
+    return tmp_path / "profiles"
+
+
+def _drafter(llm):
+    core = llm.llm_engine.engine_core.engine_core
+    return core.model_executor.driver_worker.worker.model_runner.drafter
+
+
+def test_profile_is_measured_at_start_up_cached_and_reused(tiny_models, plain, profile_cache):
+    llm = make_llm(tiny_models["target"], speculative=draft_model(tiny_models["target"]))
+    try:
+        prof = scheduler_of(llm).specplug.profile
+        assert prof.meta["source"] == "measured"
+        assert prof.meta["shapes"] >= 10 and prof.meta["seconds"] < 60
+        # Batch sizes 1, 2, 4, ... up to max_num_seqs (16), token sizes B and B(1+K).
+        assert list(prof.batch) == [1, 2, 4, 8, 16]
+        assert {1, 1 + CEILING, 16, 16 * (1 + CEILING)} <= set(prof.tokens.tolist())
+        assert (prof.target_s > 0).all() and (prof.pass_s >= 0).all()
+        # Zero-cost fallback: the catch-up of skipped tokens was timed too.
+        assert prof.catchup_tokens is not None and prof.catchup_tokens.size >= 1
+        assert prof.meta["zero_cost_fallback"] is True
+        files = list(profile_cache.glob("*.json"))
+        assert len(files) == 1
+        assert json.loads(files[0].read_text())["tokens"] == prof.tokens.tolist()
+        outs = llm.generate(PROMPTS, greedy(LONG), use_tqdm=False)
+        assert token_ids(outs) == plain
+    finally:
+        shutdown(llm)
+    # The same deployment again: the cached table, after its two-shape check.
+    llm = make_llm(tiny_models["target"], speculative=draft_model(tiny_models["target"]))
+    try:
+        again = scheduler_of(llm).specplug.profile
+        assert again.meta["measured_at"] == prof.meta["measured_at"]
+        assert again.tokens.tolist() == prof.tokens.tolist()
+    finally:
+        shutdown(llm)
+
+
+def test_profile_off_and_profile_from_a_path(tiny_models, profile_cache, tmp_path):
+    from vllm_specplug.controller import StepProfile
+
+    llm = make_llm(tiny_models["target"], speculative=draft_model(tiny_models["target"]),
+                   specplug={"profile": "off"})
+    try:
+        assert scheduler_of(llm).specplug.profile.meta["source"] == "prior"
+        assert not profile_cache.exists() or not list(profile_cache.glob("*.json"))
+    finally:
+        shutdown(llm)
+    path = tmp_path / "mine.json"
+    StepProfile([1, 8, 64], [0.01, 0.012, 0.03], [0.002, 0.003, 0.01], [1, 8], [0.002, 0.003],
+                meta={"source": "hand-written"}).save(str(path))
+    llm = make_llm(tiny_models["target"], speculative=draft_model(tiny_models["target"]),
+                   specplug={"profile": str(path)})
+    try:
+        assert scheduler_of(llm).specplug.profile.meta["source"] == "hand-written"
+    finally:
+        shutdown(llm)
+
+
+def test_a_bad_profile_path_stops_start_up_naming_the_key(tiny_models, tmp_path):
+    bad = tmp_path / "nope.json"
+    with pytest.raises(Exception) as err:
+        make_llm(tiny_models["target"], speculative=draft_model(tiny_models["target"]),
+                 specplug={"profile": str(bad)})
+    assert 'additional_config["specplug"].profile' in str(err.value)
+
+
+SLOW_CALLS = 6
+SLOW_FACTOR = 5.0
+
+
+def test_slow_first_draft_calls_while_serving_do_not_keep_a_perfect_draft_off(
+        tiny_models, plain, profile_cache):
+    # The profile is measured as usual and left alone; then the draft's first
+    # SLOW_CALLS proposals while serving take SLOW_FACTOR x their time, as
+    # new shapes and cold caches do on a real engine.  Priced from live
+    # steps, such steps set the price of drafting so high that nothing
+    # drafted again; priced from the profile they only nudge its correction.
+    llm = make_llm(tiny_models["target"], speculative=draft_model(tiny_models["target"]))
+    try:
+        drafter = _drafter(llm)
+        original = drafter.propose
+        calls = {"n": 0, "slowed": 0}
+
+        def slow_propose(*args, **kwargs):
+            k = kwargs.get("num_speculative_tokens", args[0] if args else 0)
+            calls["n"] += 1
+            start = time.perf_counter()
+            result = original(*args, **kwargs)
+            if k > 0 and calls["slowed"] < SLOW_CALLS:  # calls that draft
+                calls["slowed"] += 1
+                time.sleep((SLOW_FACTOR - 1.0) * (time.perf_counter() - start))
+            return result
+
+        drafter.propose = slow_propose
+        outs = [llm.generate([p], greedy(LONG), use_tqdm=False)[0] for p in PROMPTS]
+        assert calls["slowed"] == SLOW_CALLS, calls
+        assert token_ids(outs) == plain
+        for o in outs:
+            steps = drafted_per_step(o)
+            # A perfect draft ends at the ceiling: the last quarter of every request.
+            tail = steps[-len(steps) // 4:]
+            assert tail and all(s == CEILING for s in tail), steps
+        ratios = scheduler_of(llm).specplug.controller.pricer.correction
+        assert ratios.observations > 0
+    finally:
+        shutdown(llm)
