@@ -16,7 +16,8 @@ live steps (from the end of ``schedule()`` to the model output).
 
 Per batch size B (1, 2, 4, ... up to ``max_num_seqs``, within a time
 budget) and the ceiling K, five step shapes, each after one discarded
-warm-up step, medians of ``REPEATS``:
+warm-up step, the median of ``REPEATS`` or more samples (those within 1.5x of
+the fastest: interference only slows a step down):
 
     K_step 0, K drafts per request verified    target(B (1 + K))
     K_step 0, no drafts                        target(B)
@@ -54,7 +55,11 @@ from vllm_specplug.controller.profile import StepProfile
 
 logger = logging.getLogger("vllm.specplug")
 
+# Timed repeats per shape: at least REPEATS, more (up to MAX_REPEATS) while
+# they take under SHAPE_S, so that millisecond steps get a robust median.
 REPEATS = 2
+MAX_REPEATS = 9
+SHAPE_S = 0.25
 WARMUP = 1
 PROMPT_TOKENS = 32
 # Seconds the measurement may take before it stops adding larger batches.
@@ -152,9 +157,20 @@ class _Bench:
             structured_output_manager=StructuredOutputManager(vllm_config),
             block_size=block, hash_block_size=hash_block, log_stats=False)
         self.executor = executor
+        # Full blocks are hashed for the prefix cache as the engine core
+        # does it (the throwaway scheduler's cache is dropped with it).
+        self.hasher = None
+        if vllm_config.cache_config.enable_prefix_caching:
+            from vllm.utils.hashing import get_hash_fn_by_name
+            from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+
+            fn = get_hash_fn_by_name(vllm_config.cache_config.prefix_caching_hash_algo)
+            init_none_hash(fn)
+            self.hasher = get_request_block_hasher(hash_block or block, fn)
         self.vocab = int(vllm_config.model_config.get_vocab_size())
         self.max_len = int(vllm_config.model_config.max_model_len)
         self.ids: list[str] = []
+        self.shapes = 0
         self.gap = 0  # tokens scheduled at K_step = 0 since the draft last ran
         import random
 
@@ -169,7 +185,8 @@ class _Bench:
             prompt = [self.rng.randrange(10, max(self.vocab - 10, 11))
                       for _ in range(PROMPT_TOKENS)]
             params = SamplingParams(temperature=0.0, max_tokens=self.max_len, ignore_eos=True)
-            self.scheduler.add_request(Request(rid, prompt, params, None))
+            self.scheduler.add_request(Request(rid, prompt, params, None,
+                                               block_hasher=self.hasher))
             self.ids.append(rid)
         # Prefill them (untimed) before any shape is measured.
         while any(self.scheduler.requests[r].num_computed_tokens
@@ -203,11 +220,13 @@ class _Bench:
     def shape(self, k_step: int, drafts: int) -> tuple[float, int]:
         """Median seconds and tokens of one shape, after WARMUP discarded steps."""
         times, tokens = [], 0
-        for i in range(WARMUP + REPEATS):
+        for _ in range(WARMUP):
+            self.step(k_step, drafts)
+        while len(times) < REPEATS or (len(times) < MAX_REPEATS and sum(times) < SHAPE_S):
             seconds, tokens, _ = self.step(k_step, drafts)
-            if i >= WARMUP:
-                times.append(seconds)
-        return statistics.median(times), tokens
+            times.append(seconds)
+        self.shapes += 1
+        return robust_median(times), tokens
 
     def close(self) -> None:
         from vllm.v1.request import RequestStatus
@@ -217,6 +236,16 @@ class _Bench:
         out = self.scheduler.schedule()
         self.executor.execute_model(out)
         self.ids = []
+
+
+def robust_median(times: list[float]) -> float:
+    """The median of the samples within 1.5x of the fastest.
+
+    Interference (another process on the cores, a page fault, a GC pause)
+    only ever makes a step slower, and on a busy machine it hits a large
+    share of millisecond steps: those samples are left out."""
+    fastest = min(times)
+    return statistics.median([t for t in times if t <= 1.5 * fastest])
 
 
 def _reset_draft_skip(worker) -> None:
@@ -238,10 +267,10 @@ def measure(executor, vllm_config, kv_cache_config, k: int, zero_cost: bool,
     first: dict[int, list[float]] = {}
     passes: dict[int, float] = {}
     catchups: dict[int, float] = {}
-    shapes = 0
     try:
         b = 1
         while b <= max_batch and b * (1 + k) <= token_budget:
+            before = time.monotonic() - started
             bench.add(b - len(bench.ids))
             a_wide, t_wide = bench.shape(0, k)
             a_plain, t_plain = bench.shape(0, 0)
@@ -250,7 +279,6 @@ def measure(executor, vllm_config, kv_cache_config, k: int, zero_cost: bool,
             f_plain, _ = bench.shape(1, 0)
             f_wide, _ = bench.shape(1, k)
             e_wide, _ = bench.shape(k, k) if k > 1 else (f_wide, 0)
-            shapes += 5
             target.setdefault(t_plain, []).append(a_plain)
             target.setdefault(t_wide, []).append(a_wide)
             first.setdefault(t_plain, []).append(max(f_plain - a_plain, 0.0))
@@ -261,7 +289,9 @@ def measure(executor, vllm_config, kv_cache_config, k: int, zero_cost: bool,
             logger.info("vllm-specplug: profiling B=%d: step %.1f ms plain, %.1f ms with %d "
                         "drafts each, drafting adds %.1f ms (%.0f s so far)", b, a_plain * 1e3,
                         a_wide * 1e3, k, (f_wide - a_wide) * 1e3, time.monotonic() - started)
-            if time.monotonic() - started > budget_s:
+            elapsed = time.monotonic() - started
+            # The next batch size takes about twice as long as this one did.
+            if elapsed + 2.0 * (elapsed - before) > budget_s:
                 break
             b = b * 2 if b * 2 <= max_batch or b == max_batch else max_batch
     finally:
@@ -277,7 +307,7 @@ def measure(executor, vllm_config, kv_cache_config, k: int, zero_cost: bool,
         catchup_s=[catchups[c] for c in sorted(catchups)] or None,
         meta={"source": "measured", "zero_cost_fallback": bool(zero_cost),
               "seconds": round(time.monotonic() - started, 1),
-              "shapes": shapes, "repeats": REPEATS, "warmup": WARMUP,
+              "shapes": bench.shapes, "repeats": REPEATS, "warmup": WARMUP,
               "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")})
     return profile
 
