@@ -392,11 +392,17 @@ class _AdaptiveSpecMixin:
         catchup = 0
         if gap:
             catchup = sum(gap.get(rid, 0) for rid in scheduler_output.num_scheduled_tokens)
+        # Drafts planned now are verified next step, which emits at most
+        # k + 1 tokens; this step emits at least one.  More drafts than a
+        # request has tokens left for cannot be used.
+        caps = [max(int(requests[rid].max_tokens) - requests[rid].num_output_tokens - 2, 0)
+                for rid in decoding]
         decision = sp.controller.plan(
             decoding,
             base_tokens=max(base_tokens, len(decoding)),
             fixed_k_step=vllm_k_step if sp.k_step_pinned else None,
             catchup_tokens=catchup,
+            caps=caps,
         )
         k_list = decision.k.tolist()
         k_step = min(int(decision.k_step), sp.num_spec_tokens)

@@ -214,6 +214,7 @@ class SpecController:
         base_tokens: int | None = None,
         fixed_k_step: int | None = None,
         catchup_tokens: int = 0,
+        caps=None,
     ) -> Decision:
         """K for each of ``req_ids`` (decoding requests) in the next step.
 
@@ -221,13 +222,18 @@ class SpecController:
         expected to schedule (defaults to one per request).  ``fixed_k_step``
         pins K_step for proposers that need it (and for data parallelism).
         ``catchup_tokens``: tokens a draft model skipped (zero-cost fallback)
-        and must process before it drafts again.
+        and must process before it drafts again.  ``caps``: per request, the
+        most drafts it can use in this plan (a request about to reach
+        ``max_tokens`` cannot use more than the tokens it has left); a
+        request capped at 0 is not in fallback.
         """
         batch = len(req_ids)
         if batch == 0:
             return Decision(k_step=fixed_k_step or 0, k=np.zeros(0, dtype=np.int64))
         rows = self._rows(req_ids)
         ceilings = self._ceiling[rows]
+        if caps is not None:
+            ceilings = np.minimum(ceilings, np.asarray(caps, dtype=np.int64))
         base = float(batch if base_tokens is None else base_tokens)
         policy = self.settings.policy
         if policy == "static":
