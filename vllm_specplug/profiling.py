@@ -57,7 +57,7 @@ logger = logging.getLogger("vllm.specplug")
 
 # Timed repeats per shape: at least REPEATS, more (up to MAX_REPEATS) while
 # they take under SHAPE_S, so that millisecond steps get a robust median.
-REPEATS = 2
+REPEATS = 3
 MAX_REPEATS = 9
 SHAPE_S = 0.25
 WARMUP = 1
