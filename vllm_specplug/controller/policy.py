@@ -74,9 +74,10 @@ class GoodputPolicy:
     compute-bound batch both end there: no slot pays.
 
     Rates count decode work only: a prefill chunk in the step costs the same
-    whatever is drafted, so its time (the plain step's with the chunk minus
-    the plain step's without it) is left out of every plan's seconds, while
-    the drafts are still priced at the step's real size.
+    whatever is drafted, so its time (the profiled plain step's with the
+    chunk minus the plain step's without it, at each plan's own correction)
+    is left out of every plan's seconds, while the drafts are still priced
+    at the step's real size.
 
     With the zero-cost fallback a plan that drafts while the draft model is
     behind first pays its catch-up over the skipped tokens; a plan is
@@ -138,23 +139,29 @@ class GoodputPolicy:
             js = np.arange(1, int(at.max()) + 2)
         else:
             js = np.array([fixed_k_step])
-        # Seconds of a drafting step by the number n of slots it verifies
-        # (0..all), before the K_step-dependent draft passes.
+        # Profiled seconds of a drafting step's decode work by the number n
+        # of slots it verifies (0..all), before the K_step-dependent draft
+        # passes: the step less its prefill share.  The correction, a ratio
+        # of whole measured steps, scales the whole step, prefill share
+        # included (the plain bucket's price of the chunk is not this
+        # plan's: taken off at it, the decode seconds can go to nothing).
         tokens = base + np.arange(vals.size + 1, dtype=np.float64)
-        by_n = profile.verify_and_first(tokens) * corr.ratios_from(int(base), tokens.size, True)
+        ratio = corr.ratios_from(int(base), tokens.size, True)
+        prefill_p = float(profile.target(base)) - float(profile.target(float(batch)))
+        by_n = profile.verify_and_first(tokens) - prefill_p
         if catchup_tokens > 0:
             by_n += profile.catchup(catchup_tokens) / self.CATCHUP_STEPS
-        by_n -= prefill_s
         passes = (js - 1) * profile.draft_pass(batch)
         # Per K_step (rows) and slot in order (columns), the plan that admits
         # the slots up to it among those at positions below K_step.
         in_j = at[None, :] < js[:, None]
         n = np.cumsum(in_j, axis=1, dtype=np.int32)
         gain = np.where(in_j, vals, 0.0).cumsum(1)
-        seconds = np.maximum(by_n[n] + passes[:, None], 1e-12)
+        seconds = np.maximum((by_n[n] + passes[:, None]) * ratio[n], 1e-12)
         rate = (batch + gain) / seconds
         # Without slots: plain decoding, or the pinned K_step's passes alone.
-        zero_s = max(by_n[0] + passes[0], 1e-12) if fixed_k_step is not None else plain
+        zero_s = (max((by_n[0] + passes[0]) * ratio[0], 1e-12) if fixed_k_step is not None
+                  else plain)
         zero = float(batch / zero_s)
         if rate.size:
             i, m = np.unravel_index(int(np.argmax(rate)), rate.shape)
@@ -168,7 +175,7 @@ class GoodputPolicy:
             slots = 0
         if slots == 0:
             return Decision(k_step=j, k=np.zeros(batch, dtype=np.int64),
-                            predicted_seconds=float(zero_s + prefill_s),
+                            predicted_seconds=float(zero_s + ratio[0] * prefill_p),
                             predicted_tokens=float(batch),
                             plain_seconds=float(plain_full), plain_tokens=float(batch))
         # The first `slots` admitted slots of the sorted list, by request.
@@ -176,7 +183,7 @@ class GoodputPolicy:
         rows = np.flatnonzero(keep)[order[chosen]] // width
         k = np.bincount(rows, minlength=batch).astype(np.int64)
         return Decision(k_step=j, k=k,
-                        predicted_seconds=float(seconds[i, m] + prefill_s),
+                        predicted_seconds=float(seconds[i, m] + ratio[slots] * prefill_p),
                         predicted_tokens=float(batch + gain[i, m]),
                         plain_seconds=float(plain_full), plain_tokens=float(batch))
 

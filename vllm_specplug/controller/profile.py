@@ -106,7 +106,6 @@ class StepProfile:
         self.pass_s = np.maximum(self.pass_s, 0.0)
         if self.pad_sizes is not None:
             self.pad_sizes = np.asarray(sorted(self.pad_sizes), dtype=np.float64)
-        self._target_first = self.target_s + self.first_s
         # Python lists for the scalar lookups (see _interp).
         self._lists = tuple(a.tolist() for a in (self.tokens, self.target_s, self.first_s,
                                                  self.batch, self.pass_s))
@@ -153,8 +152,11 @@ class StepProfile:
 
     def verify_and_first(self, tokens: np.ndarray) -> np.ndarray:
         """``target + first`` at each of ``tokens``: a drafting step before its further passes."""
-        return _interp_many(self._pad(np.asarray(tokens, dtype=np.float64)), self.tokens,
-                            self._target_first)
+        # Each curve on its own: past the last size each keeps its own
+        # (non-negative) slope, as target() and first() do.
+        t = self._pad(np.asarray(tokens, dtype=np.float64))
+        return (_interp_many(t, self.tokens, self.target_s)
+                + np.where(t > 0, _interp_many(t, self.tokens, self.first_s), 0.0))
 
     def draft_pass(self, batch: float) -> float:
         return _interp(self._pad1(float(batch)), self._lists[3], self._lists[4])
