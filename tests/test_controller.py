@@ -1,5 +1,12 @@
-"""Unit tests of the controller: no vLLM, milliseconds each."""
+"""Unit tests of the controller: no vLLM, no wall clock, milliseconds each.
 
+Every verdict is taken against a fixed step-cost profile (``StepProfile``):
+the simulated steps below take the profile's own price (with lognormal noise,
+or a warm-up slowdown where a test says so), and those times reach the
+controller only through ``observe_step``, as the scheduler's would.
+"""
+
+import itertools
 import math
 
 import numpy as np
@@ -8,12 +15,53 @@ import pytest
 from vllm_specplug.controller import (
     AcceptanceEstimator,
     ControllerSettings,
-    CostPrior,
     GoodputPolicy,
+    ProfileCorrection,
     SpecController,
-    StepCostModel,
+    StepPricer,
+    StepProfile,
+    prior_profile,
 )
 
+# -- profiles ------------------------------------------------------------------
+
+# Memory-bound (a GPU's small steps): a step costs about the same for 1 or
+# 256 tokens, and a draft pass a twentieth of a plain step.
+GPU_LIKE = StepProfile(
+    tokens=[1, 256, 1024, 4096], target_s=[10e-3, 11e-3, 25e-3, 90e-3],
+    first_s=[0.5e-3, 0.6e-3, 1.5e-3, 5e-3], batch=[1, 64, 256],
+    pass_s=[0.5e-3, 0.6e-3, 1.2e-3], meta={"source": "test", "platform": "cuda"})
+
+# Between the two (a GPU at a moderate batch, a draft a fifth of the
+# target's step): a verified token costs 3% of a plain step of one request,
+# a draft pass 20%.  Good drafts pay, bad ones do not.
+MODERATE = StepProfile(
+    tokens=[1, 4096], target_s=[10e-3, 10e-3 + 0.3e-3 * 4095], first_s=[2e-3, 2e-3],
+    batch=[1, 256], pass_s=[2e-3, 3e-3], meta={"source": "test", "platform": "cuda"})
+
+# Compute-bound (a CPU): every token verified costs as much as a plain step of
+# one request, so no draft, however good, can pay for its verification.
+CPU_BOUND = StepProfile(
+    tokens=[1, 4096], target_s=[2e-3, 2e-3 * 4096], first_s=[0.2e-3, 0.2e-3 * 4096],
+    batch=[1, 256], pass_s=[0.2e-3, 0.2e-3 * 256], meta={"source": "test", "platform": "cpu"})
+
+
+def tiny_serve_profile() -> StepProfile:
+    """The tiny models behind vllm serve (test_server) on a CPU, as fitted there.
+
+    The target as its own draft with zero-cost fallback: a plain step 2.5 ms +
+    0.16 ms a token, a draft pass 0.75 ms, a catch-up 0.75 ms + 0.05 ms a
+    skipped token.  At one request, perfect drafts at K=4 run at about twice
+    the plain rate: drafting pays.
+    """
+    t = np.array([1.0, 2, 4, 8, 16, 32, 64])
+    c = np.array([1.0, 16, 64, 256, 1024])
+    return StepProfile(t, 2.5e-3 + 1.6e-4 * t, np.full(t.size, 7.5e-4), [1, 4, 16],
+                       [7.5e-4, 8e-4, 1e-3], catchup_tokens=c, catchup_s=7.5e-4 + 5e-5 * c,
+                       meta={"source": "test", "platform": "cpu"})
+
+
+# -- drivers -------------------------------------------------------------------
 
 def simulate_verification(rng, alpha, drafted):
     accepted = 0
@@ -22,67 +70,62 @@ def simulate_verification(rng, alpha, drafted):
     return accepted
 
 
-def true_step_seconds(batch, tokens, k_step, per_token=0.01, draft=0.0):
-    return 0.05 + 0.002 * batch + per_token * tokens + draft * k_step * (1 + 0.1 * batch)
-
-
-def drive(ctrl, alphas, steps, rng, per_token=0.01, draft=0.0, req_prefix="r"):
+def drive(ctrl, alphas, steps, rng, noise=0.1, prefix="r", fixed_k_step=None):
     """Run ``steps`` steps for requests with the given true acceptance rates.
 
     Keeps vLLM's pipeline: the drafts planned at step t are proposed at the
     end of step t and verified in step t+1, so the controller sees their
-    outcome only after it has planned step t+1.
+    outcome only after it has planned step t+1.  A step takes the profile's
+    price of what it ran, with ``noise`` (lognormal sigma).
     """
-    ids = [f"{req_prefix}{i}" for i in range(len(alphas))]
+    ids = [f"{prefix}{i}" for i in range(len(alphas))]
     for r in ids:
         ctrl.add_request(r)
     history = []
-    previous = None
+    previous = np.zeros(len(ids), dtype=np.int64)
     for _ in range(steps):
-        d = ctrl.plan(ids)
-        verified = previous.k if previous is not None else np.zeros(len(ids), dtype=int)
-        tokens = len(ids) + int(verified.sum())
+        d = ctrl.plan(ids, fixed_k_step=fixed_k_step)
+        tokens = len(ids) + int(previous.sum())
         ctrl.observe_verifications(
-            ids, verified, [simulate_verification(rng, a, k) for a, k in zip(alphas, verified)])
-        ctrl.observe_step(len(ids), tokens, d.k_step,
-                          true_step_seconds(len(ids), tokens, d.k_step, per_token, draft))
+            ids, previous, [simulate_verification(rng, a, k) for a, k in zip(alphas, previous)])
+        seconds = ctrl.profile.step(tokens, len(ids), d.k_step) * rng.lognormal(0.0, noise)
+        ctrl.observe_step(len(ids), tokens, d.k_step, seconds)
         history.append(d)
-        previous = d
+        previous = d.k.copy()
     return ids, history
 
 
-def drive_perfect_drafts(ctrl, batch, steps, rng, step_seconds, warm_up=(), catch_up=None):
+def drive_perfect_drafts(ctrl, batch, steps, rng, warm_up=None, zero_cost_fallback=True):
     """Run ``steps`` steps of ``batch`` requests whose drafts are always accepted.
 
-    Returns the k granted to the first request, step by step.  Step time is
-    ``step_seconds(tokens, k_step)`` with 10% lognormal noise; the first
-    drafting steps are multiplied by ``warm_up`` (a draft's first steps run
-    new shapes).  With ``catch_up`` (seconds for a catch-up of n tokens),
-    zero-cost fallback: the draft skips K=0 steps and catches up on their
-    tokens in the next step that drafts.
+    Returns the k granted to the first request, step by step.  A step takes
+    the profile's price with 10% lognormal noise; the first drafting steps
+    are multiplied by the factors in ``warm_up`` (a draft's first steps run
+    new shapes), a list taken from as they run.
+    With ``zero_cost_fallback`` the draft skips K_step = 0 steps and catches
+    up on their tokens in the next step that drafts.
     """
     ids = [f"r{i}" for i in range(batch)]
     for r in ids:
         ctrl.add_request(r)
-    warm_up = list(warm_up)
-    previous, gap, granted = np.zeros(batch, dtype=int), 0, []
+    previous, gap, granted = np.zeros(batch, dtype=np.int64), 0, []
     for _ in range(steps):
         d = ctrl.plan(ids, catchup_tokens=gap)
         ctrl.observe_verifications(ids, previous, previous)
         tokens = batch + int(previous.sum())
         catchup = gap if d.k_step else 0
-        seconds = step_seconds(tokens, d.k_step)
-        if catchup:
-            seconds += catch_up(catchup)
+        seconds = ctrl.profile.step(tokens, batch, d.k_step, catchup)
         if d.k_step and warm_up:
             seconds *= warm_up.pop(0)
         ctrl.observe_step(batch, tokens, d.k_step, seconds * rng.lognormal(0.0, 0.1), catchup)
-        if catch_up is not None:
+        if zero_cost_fallback:
             gap = 0 if d.k_step else gap + tokens
         previous = d.k.copy()
         granted.append(int(d.k[0]))
     return granted
 
+
+# -- the acceptance estimator ----------------------------------------------------
 
 def test_estimator_converges_per_position():
     est = AcceptanceEstimator(4, forgetting=0.98)
@@ -188,145 +231,469 @@ def test_estimator_frees_and_reuses_rows():
     assert est._trials[est.row("x")].sum() == 0
 
 
-def test_cost_model_learns_linear_costs_and_ignores_garbage():
-    cm = StepCostModel(CostPrior.for_platform("cpu", "model", 0.3))
+# -- the step-cost profile ---------------------------------------------------------
+
+def test_profile_interpolates_pads_and_extrapolates():
+    p = StepProfile([2, 10], [1.0, 3.0], [0.5, 0.5], [1, 5], [0.1, 0.3])
+    # Piecewise linear between sizes, flat below the first, the last slope
+    # past the last.
+    assert p.target(1.0) == 1.0
+    assert p.target(6.0) == pytest.approx(2.0)
+    assert p.target(14.0) == pytest.approx(4.0)
+    assert p.draft_pass(3.0) == pytest.approx(0.2)
+    # A step runs at the next captured size, and unpadded past the largest.
+    padded = StepProfile([2, 10], [1.0, 3.0], [0.5, 0.5], [1, 5], [0.1, 0.3],
+                         pad_sizes=[12, 4, 8])
+    assert padded.pad_sizes.tolist() == [4, 8, 12]
+    assert padded.target(1.0) == padded.target(3.0) == pytest.approx(1.5)  # at 4
+    assert padded.target(9.0) == pytest.approx(3.5)   # at 12, the last slope
+    assert padded.target(13.0) == pytest.approx(3.75)  # eager
+    assert padded.draft_pass(3.0) == pytest.approx(0.25)  # a batch of 3 runs at 4
+    assert p.first(0.0) == 0.0
+    assert p.step(8.0, 3.0, 0) == pytest.approx(p.target(8.0))
+    assert p.step(8.0, 3.0, 1) == pytest.approx(p.target(8.0) + 0.5)
+    assert p.step(8.0, 3.0, 3) == pytest.approx(p.target(8.0) + 0.5 + 2 * 0.2)
+    # Without a catch-up curve a catch-up is priced as a first pass over the tokens.
+    assert p.catchup(6.0) == pytest.approx(p.first(6.0))
+    assert p.catchup(0.0) == 0.0
+    # A falling last slope is not extrapolated downward.
+    falling = StepProfile([1, 2], [2.0, 1.0], [0.0, 0.0], [1], [0.0])
+    assert falling.target(100.0) == pytest.approx(1.0)
+
+
+def random_profile(rng, max_tokens=2048, max_batch=128):
+    """A profile with random sizes and prices (not necessarily monotone)."""
+    n_t, n_b = int(rng.integers(1, 6)), int(rng.integers(1, 4))
+    tokens = np.unique(rng.integers(1, max_tokens, size=n_t)).astype(float)
+    batch = np.unique(rng.integers(1, max_batch, size=n_b)).astype(float)
+    target = rng.uniform(0.5, 2.0) * (1.0 + np.cumsum(rng.uniform(0.0, 0.3, tokens.size)))
+    if rng.random() < 0.3:
+        target = rng.uniform(0.5, 5.0, tokens.size)  # any positive prices
+    first = rng.uniform(0.0, 0.5, tokens.size) * (rng.random() < 0.8)
+    passes = rng.uniform(0.0, 0.5, batch.size)
+    kw = {}
+    if rng.random() < 0.5:
+        kw["pad_sizes"] = np.unique(rng.integers(1, max_tokens, size=int(rng.integers(1, 12))))
+    if rng.random() < 0.5:
+        c = np.unique(rng.integers(1, 4 * max_tokens, size=int(rng.integers(1, 4))))
+        kw["catchup_tokens"], kw["catchup_s"] = c, rng.uniform(0.0, 3.0, c.size)
+    return StepProfile(tokens, target, first, batch, passes, **kw)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_profile_scalar_and_array_prices_agree(seed):
+    # The policy prices plain steps with the scalar lookups and drafting
+    # steps with the array ones: the two must be the same curve, single-size
+    # profiles and captured sizes included.
+    rng = np.random.default_rng(seed)
+    for _ in range(60):
+        p = random_profile(rng)
+        x = np.concatenate([rng.integers(1, 5000, 40), p.tokens, p.tokens + 1]).astype(float)
+        tf = [p.target(v) + p.first(v) for v in x.tolist()]
+        assert np.allclose(p.target(x), [p.target(v) for v in x.tolist()], rtol=1e-12)
+        assert np.allclose(p.first(x), [p.first(v) for v in x.tolist()], rtol=1e-12)
+        assert np.allclose(p.verify_and_first(x), tf, rtol=1e-12)
+    single = StepProfile([8], [1.0], [0.5], [4], [0.1])
+    assert single.target(16.0) == pytest.approx(2.0)  # proportional past the one size
+    assert single.verify_and_first(np.array([4.0, 16.0])).tolist() == pytest.approx([1.5, 3.0])
+
+
+def test_profile_json_round_trip(tmp_path):
+    p = StepProfile([1, 16, 256], [1e-3, 1.2e-3, 4e-3], [2e-4, 2.5e-4, 9e-4], [1, 8, 64],
+                    [1e-4, 1.5e-4, 4e-4], catchup_tokens=[16, 256], catchup_s=[3e-4, 2e-3],
+                    pad_sizes=[1, 2, 4, 8, 16, 32, 64, 128, 256],
+                    meta={"source": "measured", "gpu": "H200", "tp": 2})
+    path = tmp_path / "profile.json"
+    p.save(str(path))
+    q = StepProfile.load(str(path))
+    assert q.to_dict() == p.to_dict()
+    for tokens, batch, k_step, catchup in [(1, 1, 0, 0), (3, 2, 1, 0), (100, 8, 4, 40),
+                                           (300, 64, 8, 1000)]:
+        assert q.step(tokens, batch, k_step, catchup) == p.step(tokens, batch, k_step, catchup)
+    assert q.meta == {"source": "measured", "gpu": "H200", "tp": 2}
+    # Optional parts may be left out of the file.
+    bare = StepProfile.from_dict({k: p.to_dict()[k]
+                                  for k in ("tokens", "target_s", "first_s", "batch", "pass_s")})
+    assert bare.pad_sizes is None and bare.catchup_tokens is None and bare.meta == {}
+    assert "| 16 |" in p.table()
+
+
+@pytest.mark.parametrize("args, message", [
+    (([1, 2], [1.0], [0.0, 0.0], [1], [0.1]), "tokens, target_s and first_s"),
+    (([1, 2], [1.0, 2.0], [0.0], [1], [0.1]), "tokens, target_s and first_s"),
+    (([1, 2], [1.0, 2.0], [0.0, 0.0], [1, 2], [0.1]), "batch and pass_s"),
+    (([2, 2], [1.0, 2.0], [0.0, 0.0], [1], [0.1]), "strictly increasing"),
+    (([1, 4], [1.0, 2.0], [0.0, 0.0], [8, 2], [0.1, 0.2]), "strictly increasing"),
+    (([1, 4], [0.0, 2.0], [0.0, 0.0], [1], [0.1]), "target_s must be positive"),
+    (([1, 4], [-1.0, 2.0], [0.0, 0.0], [1], [0.1]), "target_s must be positive"),
+    (([1, 4], [float("nan"), 2.0], [0.0, 0.0], [1], [0.1]), "target_s must be positive"),
+    (([1, 4], [1.0, float("inf")], [0.0, 0.0], [1], [0.1]), "target_s must be positive"),
+    (([], [], [], [1], [0.1]), "at least one size"),
+    (([1], [1.0], [0.0], [1], [0.1], [4, 8], None), "come together"),
+    (([1], [1.0], [0.0], [1], [0.1], [4, 8], [0.1]), "catchup_tokens and catchup_s must"),
+])
+def test_profile_validation_errors(args, message):
+    with pytest.raises(ValueError, match=message):
+        StepProfile(*args)
+
+
+def test_profile_from_dict_names_what_is_missing():
+    with pytest.raises(ValueError, match="lacks first_s, pass_s"):
+        StepProfile.from_dict({"tokens": [1], "target_s": [1.0], "batch": [1]})
+
+
+def test_prior_profile_shapes():
+    cpu = prior_profile("cpu", 0.3, 512, 64)
+    gpu = prior_profile("cuda", 0.3, 512, 64)
+    # On a CPU verifying 4 drafts costs about 2x a plain step; on a GPU
+    # small steps are memory-bound.
+    assert cpu.target(5.0) / cpu.target(1.0) == pytest.approx(2.0, rel=0.05)
+    assert gpu.target(5.0) / gpu.target(1.0) < 1.1
+    assert cpu.first(8.0) > 0 and cpu.draft_pass(8) > 0
+    lookup = prior_profile("cpu", None, 512, 64)  # n-gram: host work, nearly free
+    assert lookup.first(8.0) == 0.0 and lookup.draft_pass(8) < 0.1 * lookup.target(1.0)
+    at_k0 = prior_profile("cpu", 0.3, 512, 64, draft_runs_at_k0=True)
+    assert at_k0.first(8.0) == 0.0
+    assert at_k0.target(8.0) == pytest.approx(cpu.target(8.0) + cpu.first(8.0))
+
+
+# -- the live correction --------------------------------------------------------------
+
+def test_correction_tracks_the_median_not_the_mean():
+    # Steps measured 1.3x their profile with 5% noise, and one in five a
+    # 10x stall: the median ratio is about 1.32, the mean well past 2.
+    corr = ProfileCorrection()
+    rng = np.random.default_rng(0)
+    for _ in range(600):
+        ratio = 1.3 * rng.lognormal(0.0, 0.05) * (10.0 if rng.random() < 0.2 else 1.0)
+        assert corr.observe(40, True, 1.0, ratio)
+    assert 1.25 <= corr.ratio(40, True) <= 1.4
+    assert corr.observations == 600
+    # Other buckets keep the profile's price: plain steps, other token bands.
+    assert corr.ratio(40, False) == 1.0
+    assert corr.ratio(8, True) == corr.ratio(128, True) == 1.0
+    assert corr.ratio(32, True) == corr.ratio(63, True) == corr.ratio(40, True)
+
+
+def test_correction_absorbs_a_steady_mismatch_within_a_few_dozen_steps():
+    corr = ProfileCorrection()
+    for i in range(25):
+        corr.observe(4, False, 2e-3, 1.5 * 2e-3)
+    assert corr.ratio(4, False) == pytest.approx(1.5, rel=0.02)
+
+
+@pytest.mark.parametrize("measured, bound", [(10.0, 2.0), (0.01, 0.5)])
+def test_correction_is_clipped(measured, bound):
+    corr = ProfileCorrection()
+    for _ in range(200):
+        corr.observe(100, True, 1.0, measured)
+    assert corr.ratio(100, True) == pytest.approx(bound)
+
+
+def test_correction_drops_garbage():
+    corr = ProfileCorrection()
+    for profiled, measured in [(1.0, float("nan")), (1.0, -1.0), (1.0, 0.0),
+                               (1.0, float("inf")), (1.0, -float("inf")),
+                               (0.0, 1.0), (-1.0, 1.0), (float("nan"), 1.0)]:
+        assert corr.observe(8, True, profiled, measured) is False
+    assert corr.observations == 0
+    assert not corr._log.any()
+
+
+def test_a_single_stall_moves_the_ratio_by_at_most_one_step():
+    corr = ProfileCorrection()
+    for _ in range(50):
+        corr.observe(16, True, 1.0, 1.0)
+    corr.observe(16, True, 1.0, 100.0)
+    assert corr.ratio(16, True) == pytest.approx(math.exp(corr.step))
+    corr.observe(16, True, 1.0, 1.0)
+    assert corr.ratio(16, True) == pytest.approx(1.0)
+    corr.observe(16, True, 1.0, 0.01)
+    assert corr.ratio(16, True) == pytest.approx(math.exp(-corr.step))
+
+
+def test_correction_ratios_from_matches_ratio():
+    # The policy reads a run of token counts at once; it must be the ratio
+    # of each count's own band.
+    corr = ProfileCorrection(step=0.3)
     rng = np.random.default_rng(1)
     for _ in range(300):
-        b = int(rng.integers(1, 32))
-        k = int(rng.integers(0, 8))
-        t = b * (1 + int(rng.integers(0, k + 1)))
-        cm.observe(b, t, k, true_step_seconds(b, t, k, draft=0.01) * rng.uniform(0.97, 1.03))
-    for garbage in (0.0, -1.0, float("nan"), float("inf")):
-        assert cm.observe(8, 8, 0, garbage) is False
-    cm.observe(8, 8, 0, 1e6)  # huge outlier is clipped, not trusted
-    for b, t, k in [(1, 1, 0), (8, 40, 4), (16, 16, 8)]:
-        assert cm.predict(b, t, k) == pytest.approx(true_step_seconds(b, t, k, draft=0.01), rel=0.15)
+        corr.observe(float(rng.integers(1, 1 << 14)), bool(rng.random() < 0.5), 1.0,
+                     float(rng.lognormal(0.0, 0.6)))
+    for _ in range(100):
+        start, count = int(rng.integers(1, 9000)), int(rng.integers(1, 700))
+        for drafting in (False, True):
+            got = corr.ratios_from(start, count, drafting)
+            want = [corr.ratio(t, drafting) for t in range(start, start + count)]
+            assert got.shape == (count,) and np.allclose(got, want, rtol=1e-12)
 
 
-def test_goodput_speculates_when_drafts_are_good():
-    ctrl = SpecController(ControllerSettings(max_k=8))
-    _, hist = drive(ctrl, [0.95], 200, np.random.default_rng(2))
-    assert np.mean([d.k[0] for d in hist[-50:]]) >= 5
+def test_observe_step_corrects_the_profile_price_and_nothing_else():
+    profile = tiny_serve_profile()
+    before = profile.to_dict()
+    ctrl = SpecController(ControllerSettings(max_k=4), profile)
+    assert ctrl.profile is profile
+    for _ in range(30):
+        assert ctrl.observe_step(1, 5, 4, 1.2 * profile.step(5, 1, 4))
+    assert not ctrl.observe_step(1, 5, 4, float("nan"))
+    assert ctrl.profile.to_dict() == before
+    corr = ctrl.pricer.correction
+    assert corr.observations == 30
+    assert corr.ratio(5, True) == pytest.approx(1.2, rel=0.03)
+    assert corr.ratio(5, False) == 1.0
+    # The pricer prices with it: a drafting step at the corrected price.
+    assert ctrl.pricer.seconds(5, 1, 4) == pytest.approx(corr.ratio(5, True)
+                                                         * profile.step(5, 1, 4))
+    # A catch-up is part of the step its profile price is compared with.
+    assert ctrl.observe_step(1, 5, 4, profile.step(5, 1, 4, 64), catchup_tokens=64)
+
+
+# -- the goodput policy: closed loops ------------------------------------------------
+
+def test_goodput_climbs_to_the_ceiling_on_a_memory_bound_profile():
+    ctrl = SpecController(ControllerSettings(max_k=8), GPU_LIKE)
+    _, hist = drive(ctrl, [0.95] * 8, 150, np.random.default_rng(2))
+    assert hist[0].k.max() < 8  # from the prior (0.6 a position)
+    assert all(d.k.tolist() == [8] * 8 and d.k_step == 8 for d in hist[-30:])
+    assert ctrl.num_in_fallback() == 0
 
 
 def test_goodput_falls_back_when_drafts_are_bad():
-    ctrl = SpecController(ControllerSettings(max_k=8))
+    # Drafting would pay here for good drafts (the test above); these are
+    # accepted 2% of the time.
+    ctrl = SpecController(ControllerSettings(max_k=8), MODERATE)
     _, hist = drive(ctrl, [0.02], 200, np.random.default_rng(3))
-    late = [d.k[0] for d in hist[-100:]]
-    # Only sparse probes of one token remain.
-    assert np.mean(late) < 0.15 and max(late) <= 1
     first_zero = next(i for i, d in enumerate(hist) if d.k[0] == 0)
-    assert first_zero < 20
+    assert first_zero < 10
+    late = [int(d.k[0]) for d in hist[-100:]]
+    # Only sparse probes of a token or two remain.
+    assert np.mean(late) < 0.15 and max(late) <= 2, late
+    assert ctrl.stats.probes_sent > 0 and ctrl.num_in_fallback() == 1
 
 
-def test_goodput_falls_back_when_compute_bound():
-    # Verification tokens cost as much as a decode step each: even good
-    # drafts (alpha=0.7) do not pay at a large batch.
-    ctrl = SpecController(ControllerSettings(max_k=8))
-    _, hist = drive(ctrl, [0.7] * 64, 150, np.random.default_rng(4), per_token=0.05)
-    assert np.mean([d.k.mean() for d in hist[-50:]]) < 0.1
+@pytest.mark.parametrize("batch", [1, 8])
+def test_goodput_falls_back_when_compute_bound_even_with_perfect_drafts(batch):
+    ctrl = SpecController(ControllerSettings(max_k=4), CPU_BOUND)
+    ids = [f"r{i}" for i in range(batch)]
+    for r in ids:
+        ctrl.add_request(r)
+    # The controller has seen every draft accepted for a long while ...
+    for _ in range(40):
+        ctrl.observe_verifications(ids, [4] * batch, [4] * batch)
+    survival = ctrl.estimator.survival(np.arange(batch))
+    assert survival.min() > 0.95
+    # ... and still drafts nothing: each verified token costs a whole step.
+    granted = drive_perfect_drafts(ctrl, batch, 100, np.random.default_rng(4),
+                                   zero_cost_fallback=False)
+    assert max(granted) == 0
+    assert ctrl.stats.sum_k_step == 0 and ctrl.stats.probes_sent == 0
+    # The same table on a memory-bound profile drafts to the ceiling.
+    d = GoodputPolicy().decide(survival, np.full(batch, 4), float(batch), StepPricer(GPU_LIKE))
+    assert d.k.tolist() == [4] * batch
 
 
-def test_goodput_recovers_after_regime_change():
-    ctrl = SpecController(ControllerSettings(max_k=8))
+def test_goodput_recovers_after_regime_change_through_probes():
+    # Every request's drafts turn bad, then good again: nobody keeps the
+    # proposer running, so only probes can bring speculation back, and they
+    # bring it back to where a controller that never saw bad drafts is.
+    settings = ControllerSettings(max_k=8)
     rng = np.random.default_rng(5)
-    drive(ctrl, [0.02], 150, rng)
-    _, hist = drive(ctrl, [0.97], 150, rng)
-    recovered_at = next(i for i, d in enumerate(hist) if d.k[0] >= 3)
-    assert recovered_at < 64
-    assert np.mean([d.k[0] for d in hist[-30:]]) >= 4
-    assert ctrl.stats.recoveries >= 1 and ctrl.stats.probes_succeeded >= 1
-
-
-def test_probes_pay_for_a_shared_draft_pass_and_bring_a_batch_back():
-    # A draft pass costs about two verified tokens: one probe alone could
-    # never pay for switching the proposer on, but a batch whose drafts turn
-    # good again would.  Probes must go out, succeed, and restore K.
-    ctrl = SpecController(ControllerSettings(max_k=4))
-    rng = np.random.default_rng(11)
-    _, hist = drive(ctrl, [0.02] * 8, 120, rng, draft=0.01)
-    assert np.mean([d.k.mean() for d in hist[-40:]]) < 0.2
-    sent = ctrl.stats.probes_sent
+    _, fresh = drive(SpecController(settings, MODERATE), [0.97] * 4, 150, rng)
+    steady = np.mean([d.k.mean() for d in fresh[-30:]])
+    steady_speedup = np.mean([d.predicted_speedup for d in fresh[-30:]])
+    assert steady >= 5
+    ctrl = SpecController(settings, MODERATE)
+    _, bad = drive(ctrl, [0.02] * 4, 150, rng)
+    assert all(d.k_step == 0 or d.k.max() <= 2 for d in bad[-50:])
+    assert ctrl.num_in_fallback() == 4
+    sent, succeeded = ctrl.stats.probes_sent, ctrl.stats.probes_succeeded
     assert sent > 0
-    _, hist = drive(ctrl, [0.97] * 8, 150, rng, draft=0.01)
-    assert ctrl.stats.probes_succeeded >= 1
-    assert np.mean([d.k.mean() for d in hist[-30:]]) >= 3
-
-
-@pytest.mark.parametrize("seed", range(12))
-def test_the_first_drafting_steps_warm_up_without_trapping_the_request_in_fallback(seed):
-    # Measured at TP=2 on a CPU, target as its own draft: a plain step 2 ms,
-    # a draft pass 0.5 ms, the first step that drafts 43x a plain step, the
-    # second 2x.  Fitted, the second priced the draft pass at 6x its value;
-    # the requests fell back, nothing drafted again, so nothing re-measured
-    # the price, and the probe gate (which asks it) kept every probe back.
-    ctrl = SpecController(ControllerSettings(max_k=4), CostPrior.for_platform("cpu", "model", 1.0))
-    drafted = drive_perfect_drafts(ctrl, 4, 96, np.random.default_rng(seed),
-                                   lambda tokens, k_step: 2e-3 + 4e-5 * tokens + 5e-4 * k_step,
-                                   warm_up=[43.0, 2.0])
-    assert max(drafted) == 4 and np.mean(drafted[-16:]) >= 3.5, drafted
+    _, good = drive(ctrl, [0.97] * 4, 150, rng)
+    recovered_at = next(i for i, d in enumerate(good) if d.k.min() >= 4)
+    assert recovered_at <= settings.probe_max_interval + 16, [d.k.tolist() for d in good]
+    # Back to where the fresh controller is: its predicted goodput (K=6 and
+    # K=8 are within a percent of each other here, so the K itself is a tie).
+    assert np.mean([d.k.mean() for d in good[-30:]]) >= 5
+    # (The pooled acceptance still remembers the bad phase a little: 0.97 here.)
+    assert np.mean([d.predicted_speedup for d in good[-30:]]) >= 0.95 * steady_speedup
+    assert ctrl.stats.probes_succeeded > succeeded and ctrl.stats.recoveries >= 1
+    assert ctrl.num_in_fallback() == 0
 
 
 def test_probe_timeout_counts_silent_probes_as_failures():
     # Probes whose drafts never reach verification (n-gram found nothing):
-    # the controller must not wait for them forever; back-off grows.
-    ctrl = SpecController(ControllerSettings(max_k=4))
+    # the controller must not wait for them forever; the back-off grows.
+    settings = ControllerSettings(max_k=4)
+    ctrl = SpecController(settings, MODERATE)
     ctrl.add_request("a")
     for _ in range(40):
         d = ctrl.plan(["a"])
         ctrl.observe_verifications(["a"], [d.k[0]], [0])  # fall back quickly
-        if ctrl.num_in_fallback():  # (not a plain anchor's k=0)
+        if ctrl.num_in_fallback():
             break
+    assert ctrl.num_in_fallback() == 1
     sent_at = []
     for step in range(300):
         d = ctrl.plan(["a"])
         if d.k[0] > 0:
             sent_at.append(step)
-        ctrl.observe_step(1, 1, d.k_step, 0.1)  # no verification ever arrives
+        ctrl.observe_step(1, 1, d.k_step, MODERATE.step(1, 1, d.k_step))  # no verification
     gaps = np.diff(sent_at)
-    assert len(sent_at) >= 4 and gaps[-1] > gaps[0]
-    assert gaps.max() <= ControllerSettings(max_k=4).probe_max_interval + ctrl.PROBE_TIMEOUT + 1
+    assert len(sent_at) >= 4 and gaps[-1] > gaps[0], sent_at
+    assert (np.diff(gaps) >= 0).all(), gaps  # each silent probe doubled the back-off ...
+    assert gaps.max() <= settings.probe_max_interval + ctrl.PROBE_TIMEOUT + 1  # ... up to its cap
+    assert ctrl.stats.probes_succeeded == 0
 
 
-def test_k_never_exceeds_ceilings_or_k_step():
-    ctrl = SpecController(ControllerSettings(max_k=6))
-    ids = [f"r{i}" for i in range(10)]
-    for i, r in enumerate(ids):
-        ctrl.add_request(r, ceiling=i % 4)
-    rng = np.random.default_rng(6)
-    for _ in range(100):
-        d = ctrl.plan(ids)
-        assert d.k_step <= 6
-        for i, k in enumerate(d.k.tolist()):
-            assert 0 <= k <= min(i % 4, d.k_step)
-        for r, k in zip(ids, d.k.tolist()):
-            ctrl.observe_verification(r, k, simulate_verification(rng, 0.9, k))
-        ctrl.observe_step(10, 10 + int(d.k.sum()), d.k_step, 0.1 + 0.001 * d.k.sum())
-
-
-def test_ceiling_zero_never_drafts_or_probes():
-    ctrl = SpecController(ControllerSettings(max_k=4))
-    ctrl.add_request("off", ceiling=0)
-    _, hist = drive(ctrl, [0.01], 100, np.random.default_rng(7))
-    d = ctrl.plan(["off"])
-    assert d.k[0] == 0 and ctrl.stats.probes_sent > 0
-    for _ in range(50):
-        assert ctrl.plan(["off"]).k[0] == 0
+def test_a_drafting_plan_with_fixed_k_step_grants_no_more_than_it():
+    ctrl = SpecController(ControllerSettings(max_k=8), MODERATE)
+    _, hist = drive(ctrl, [0.95, 0.02] * 4, 150, np.random.default_rng(8), fixed_k_step=3)
+    assert all(d.k_step == 3 and d.k.max() <= 3 for d in hist)
+    late = np.array([d.k for d in hist[-40:]])
+    assert (late[:, 0::2] == 3).all() and late[:, 1::2].mean() < 0.3
 
 
 def test_fixed_k_step_is_respected():
-    ctrl = SpecController(ControllerSettings(max_k=4))
-    _, hist = drive(ctrl, [0.02, 0.95], 50, np.random.default_rng(8))
-    d = ctrl.plan(["r0", "r1"], fixed_k_step=4)
-    assert d.k_step == 4
+    ctrl = SpecController(ControllerSettings(max_k=4), MODERATE)
+    drive(ctrl, [0.02, 0.95], 50, np.random.default_rng(8))
+    for fixed in (4, 2, 1):
+        d = ctrl.plan(["r0", "r1"], fixed_k_step=fixed)
+        assert d.k_step == fixed and d.k.max() <= fixed
+    d = ctrl.plan(["r0", "r1"], fixed_k_step=0)
+    assert d.k_step == 0 and not d.k.any()
+    # Pinned, a step without a slot worth it still runs the pinned K_step.
+    ctrl = SpecController(ControllerSettings(max_k=4), MODERATE)
+    for _ in range(30):
+        d = ctrl.plan(["bad"], fixed_k_step=4)
+        assert d.k_step == 4
+        ctrl.observe_verifications(["bad"], d.k, [0])
+    assert ctrl.plan(["bad"], fixed_k_step=4).k[0] <= 1
 
 
 def test_per_request_k_differs_in_mixed_batch():
-    ctrl = SpecController(ControllerSettings(max_k=8))
+    ctrl = SpecController(ControllerSettings(max_k=8), MODERATE)
     _, hist = drive(ctrl, [0.95, 0.02] * 4, 200, np.random.default_rng(9))
     late = np.array([d.k for d in hist[-50:]])
-    assert late[:, 0::2].mean() >= 4
+    assert late[:, 0::2].min() >= 4
     assert late[:, 1::2].mean() < 0.3
+    assert ctrl.num_in_fallback() == 4
+
+
+@pytest.mark.parametrize("warm_up", [[3.0] * 4, [5.0] * 6, [43.0, 2.0]],
+                         ids=["3x-first-4", "5x-first-6", "43x-2x"])
+@pytest.mark.parametrize("seed", range(3))
+def test_a_drafting_price_set_by_slow_warm_up_steps_does_not_keep_drafting_off(seed, warm_up):
+    # A draft's first steps run new shapes and take several times their
+    # steady time (3x for the tiny models behind vllm serve; 43x, then 2x,
+    # at TP=2 on a CPU).  The old online regression priced drafting from
+    # those steps: the request fell back, the probe gate asked the same
+    # price and sent nothing, nothing drafted again, and so nothing
+    # measured the price again.  The profile's price moves a correction
+    # step per slow step at most, so the request keeps drafting and ends at
+    # its ceiling.
+    ctrl = SpecController(ControllerSettings(max_k=4), tiny_serve_profile())
+    slow = list(warm_up)
+    granted = drive_perfect_drafts(ctrl, 1, 240, np.random.default_rng(seed), warm_up=slow)
+    assert granted[-32:] == [4] * 32, granted
+    assert not slow  # every slow step ran
+    corr = ctrl.pricer.correction
+    assert corr._log.max() <= corr.step * 4  # a few correction steps, not the slowdown
+
+
+def test_k_never_exceeds_ceilings_or_k_step():
+    # Random traffic: requests arriving and leaving, ceilings from 0 to
+    # max_k (and changed mid-flight), per-plan caps (tokens left before
+    # max_tokens), prefill chunks, pinned K_step now and then, catch-ups,
+    # acceptance turning, timing noise and garbage.
+    max_k = 6
+    rng = np.random.default_rng(6)
+    profiles = (GPU_LIKE, CPU_BOUND, tiny_serve_profile(), prior_profile("cuda", 0.05, 512, 64))
+    for profile in profiles:
+        ctrl = SpecController(ControllerSettings(max_k=max_k), profile)
+        live, ceilings, next_id, previous = {}, {}, 0, {}
+        for step in range(250):
+            while len(live) < 12 or rng.random() < 0.1:
+                rid, next_id = f"r{next_id}", next_id + 1
+                live[rid] = float(rng.uniform(0.0, 1.0))
+                ceilings[rid] = int(rng.integers(0, max_k + 1)) if rng.random() < 0.7 else max_k
+                ctrl.add_request(rid, None if ceilings[rid] == max_k else ceilings[rid])
+            if step % 40 == 0:
+                live = {r: 1.0 - a for r, a in live.items()}
+            if rng.random() < 0.05:
+                rid = str(rng.choice(list(live)))
+                ceilings[rid] = int(rng.integers(0, max_k + 1))
+                ctrl.set_ceiling(rid, ceilings[rid])
+            ids = [r for r in live if rng.random() < 0.85] or list(live)[:1]
+            fixed = int(rng.integers(0, max_k + 1)) if rng.random() < 0.2 else None
+            base = len(ids) + (int(rng.choice([16, 256, 1024])) if rng.random() < 0.3 else 0)
+            catchup = int(rng.integers(0, 300)) if rng.random() < 0.2 else 0
+            caps = rng.integers(0, max_k + 1, size=len(ids)) if rng.random() < 0.2 else None
+            d = ctrl.plan(ids, base_tokens=base, fixed_k_step=fixed, catchup_tokens=catchup,
+                          caps=caps)
+            assert d.k.shape == (len(ids),) and d.k.dtype.kind == "i"
+            assert 0 <= d.k_step <= max_k
+            if fixed is not None:
+                assert d.k_step == fixed
+            for i, (r, k) in enumerate(zip(ids, d.k.tolist())):
+                assert 0 <= k <= min(ceilings[r], d.k_step), (r, k, ceilings[r], d.k_step)
+                assert caps is None or k <= caps[i]
+            verified = [previous.get(r, 0) for r in ids]
+            accepted = [simulate_verification(rng, live[r], k) for r, k in zip(ids, verified)]
+            ctrl.observe_verifications(ids, verified, accepted)
+            tokens = base + sum(verified)
+            seconds = profile.step(tokens, len(ids), d.k_step) * rng.lognormal(0.0, 0.2)
+            if rng.random() < 0.03:
+                seconds = float(rng.choice([float("nan"), -1.0, 1e6]))
+            ctrl.observe_step(len(ids), tokens, d.k_step, seconds)
+            previous = dict(zip(ids, d.k.tolist()))
+            for r in list(live):
+                if rng.random() < 0.03:
+                    del live[r]
+                    ctrl.finish_request(r)
+        s = ctrl.stats
+        assert int(s.k_counts.sum()) == s.request_steps
+        assert s.granted_slots <= s.request_steps * max_k
+
+
+def test_ceiling_zero_never_drafts_or_probes():
+    ctrl = SpecController(ControllerSettings(max_k=4), MODERATE)
+    ctrl.add_request("off", ceiling=0)
+    ctrl.add_request("bad")
+    rng = np.random.default_rng(7)
+    previous = np.zeros(2, dtype=np.int64)
+    for _ in range(150):
+        d = ctrl.plan(["off", "bad"])
+        assert d.k[0] == 0
+        ctrl.observe_verifications(["off", "bad"], previous,
+                                   [0, simulate_verification(rng, 0.02, previous[1])])
+        previous = d.k.copy()
+    sent = ctrl.stats.probes_sent
+    assert sent > 0  # "bad" was probed, "off" never
+    assert ctrl.num_in_fallback() == 1  # a ceiling of 0 is not fallback
+    for _ in range(100):
+        d = ctrl.plan(["off"])
+        assert d.k_step == 0 and d.k[0] == 0
+    assert ctrl.stats.probes_sent == sent
+    # A ceiling lowered to 0 mid-flight turns a drafting request off.
+    ctrl.add_request("good")
+    for _ in range(20):
+        ctrl.observe_verifications(["good"], [4], [4])
+    assert ctrl.plan(["good"]).k[0] == 4
+    ctrl.set_ceiling("good", 0)
+    for _ in range(50):
+        d = ctrl.plan(["good"])
+        assert d.k_step == 0 and d.k[0] == 0
+    assert ctrl.stats.probes_sent == sent
+
+
+def test_max_k_zero_never_drafts():
+    ctrl = SpecController(ControllerSettings(max_k=0), GPU_LIKE)
+    for _ in range(50):
+        d = ctrl.plan(["a", "b"])
+        assert d.k_step == 0 and not d.k.any()
+    assert ctrl.stats.probes_sent == 0
+    with pytest.raises(ValueError):
+        SpecController(ControllerSettings(max_k=-1))
 
 
 def test_static_and_heuristic_policies():
@@ -335,6 +702,7 @@ def test_static_and_heuristic_policies():
     static.add_request("b")
     d = static.plan(["a", "b"])
     assert d.k.tolist() == [2, 3] and d.k_step == 3
+    assert static.plan(["a", "b"], fixed_k_step=5).k_step == 5
 
     heur = SpecController(ControllerSettings(max_k=8, policy="heuristic"))
     heur.add_request("a")
@@ -346,752 +714,241 @@ def test_static_and_heuristic_policies():
     for _ in range(20):
         heur.observe_verification("a", 5, 0)
     assert heur.plan(["a"]).k[0] == 1
+    heur.add_request("b", ceiling=3)
+    d = heur.plan(["a", "b"])
+    assert d.k.tolist() == [1, 3] and d.k_step == 3
+    assert heur.stats.probes_sent == 0
 
 
 def test_finished_requests_free_state():
-    ctrl = SpecController(ControllerSettings(max_k=4))
-    ids, _ = drive(ctrl, [0.5] * 5, 10, np.random.default_rng(10))
+    ctrl = SpecController(ControllerSettings(max_k=4), MODERATE)
+    ids, _ = drive(ctrl, [0.02] * 5, 60, np.random.default_rng(10))
+    assert ctrl.num_in_fallback() == 5 and ctrl.stats.probes_sent > 0
+    old_rows = [ctrl.estimator.row(r) for r in ids]
     for r in ids:
         ctrl.finish_request(r)
     assert ctrl.num_requests() == 0 and len(ctrl.estimator) == 0
+    assert ctrl.num_in_fallback() == 0
+    ctrl.finish_request("never-seen")  # harmless
+    # Observations of finished requests are ignored.
+    ctrl.observe_verifications(ids, [4] * 5, [4] * 5)
+    assert ctrl.num_requests() == 0
+    # A new request in a freed row starts fresh: the configured ceiling, no
+    # probe history, no fallback, no acceptance history of its own (only
+    # the pool's): the same state as a new request in a row never used.
+    ctrl.add_request("new", ceiling=3)
+    row = ctrl.estimator.row("new")
+    assert row in old_rows
+    for i in range(len(ids)):
+        ctrl.add_request(f"fresh{i}", ceiling=3)
+    fresh = ctrl.estimator.row(f"fresh{len(ids) - 1}")
+    assert fresh not in old_rows
+    for name in ("_ceiling", "_backoff", "_waited", "_probe_at", "_probe_size", "_probe_ok",
+                 "_in_fallback"):
+        assert getattr(ctrl, name)[row] == getattr(ctrl, name)[fresh], name
+    assert ctrl._ceiling[row] == 3 and ctrl._in_fallback[row] == 0
+    assert ctrl.estimator._trials[row].sum() == 0
+    assert np.allclose(ctrl.estimator.survival(np.array([row])),
+                       ctrl.estimator.survival(np.array([fresh])), atol=1e-9)
+
+
+# -- the goodput policy: one decision --------------------------------------------------
+
+def plan_seconds(pricer, batch, base, k_step, n, catchup=0.0):
+    """Decode seconds of a plan as the policy defines them (its docstring).
+
+    Plain decoding (K_step = 0): the plain step of the decoding requests.  A
+    plan that runs ``k_step`` draft positions and verifies ``n`` drafts: the
+    step's corrected price, with ``1 / CATCHUP_STEPS`` of a pending
+    catch-up, less the prefill chunk's share (profiled plain step with the
+    chunk minus without it) at the same correction.
+    """
+    profile, corr = pricer.profile, pricer.correction
+    if k_step == 0:
+        return pricer.seconds(batch, batch, 0)
+    tokens = base + n
+    prefill = profile.target(base) - profile.target(batch)
+    raw = (profile.step(tokens, batch, k_step)
+           + profile.catchup(catchup) / GoodputPolicy.CATCHUP_STEPS - prefill)
+    return corr.ratio(tokens, True) * raw
+
+
+def best_rate_by_enumeration(survival, ceilings, base, pricer, fixed_k_step=None, catchup=0.0):
+    """The best decode rate over every (K_step, top-n slots) plan.
+
+    For a K_step j the slots a plan may admit are those of positions below j
+    (and below each request's ceiling); the price depends on how many it
+    admits, so of each number n the most likely n are best.  Slots below
+    ``GoodputPolicy.MIN_SURVIVAL`` are never worth a token's verification.
+    Prices as ``plan_seconds``, one scalar lookup at a time.
+    """
+    batch, width = survival.shape
+    profile, corr = pricer.profile, pricer.correction
+    prefill = profile.target(base) - profile.target(batch)
+    share = profile.catchup(catchup) / GoodputPolicy.CATCHUP_STEPS
+    js = [fixed_k_step] if fixed_k_step is not None else range(width + 1)
+    best = -1.0
+    for j in js:
+        if j == 0:
+            best = max(best, batch / plan_seconds(pricer, batch, base, 0, 0))
+            continue
+        allowed = np.arange(width)[None, :] < np.minimum(ceilings, j)[:, None]
+        values = np.sort(survival[allowed & (survival >= GoodputPolicy.MIN_SURVIVAL)])[::-1]
+        gains = np.concatenate([[0.0], np.cumsum(values)]).tolist()
+        for n, gain in enumerate(gains):
+            if n == 0 and fixed_k_step is None:
+                continue  # draft passes and nothing to verify: never the plan
+            t = base + n
+            seconds = corr.ratio(t, True) * (profile.step(t, batch, j) + share - prefill)
+            best = max(best, (batch + gain) / seconds)
+    return best
+
+
+def random_case(rng):
+    """A random policy input: survival table, ceilings, base tokens, pricer."""
+    batch, width = int(rng.integers(1, 33)), int(rng.integers(1, 9))
+    alpha = rng.uniform(0.02, 1.0, size=(batch, width)) ** rng.uniform(0.1, 2.0)
+    survival = np.cumprod(alpha, axis=1)
+    ceilings = (rng.integers(0, width + 1, size=batch) if rng.random() < 0.4
+                else np.full(batch, width))
+    base = float(batch + (int(rng.choice([1, 16, 200, 1500])) if rng.random() < 0.4 else 0))
+    profile = random_profile(rng, max_tokens=int(rng.choice([64, 512, 4096])))
+    corr = ProfileCorrection(step=0.3)
+    if rng.random() < 0.7:  # live corrections: a different ratio per bucket
+        for _ in range(200):
+            corr.observe(float(rng.integers(1, 6000)), bool(rng.random() < 0.5), 1.0,
+                         float(rng.lognormal(0.0, 0.5)))
+    fixed = int(rng.integers(0, width + 1)) if rng.random() < 0.2 else None
+    catchup = float(rng.integers(1, 2000)) if rng.random() < 0.25 else 0.0
+    return survival, ceilings, base, StepPricer(profile, corr), fixed, catchup
+
+
+def test_goodput_argmax_equals_the_enumeration_of_every_plan():
+    rng = np.random.default_rng(12)
+    drafted = pinned = prefill = padded = 0
+    for _ in range(250):
+        survival, ceilings, base, pricer, fixed, catchup = random_case(rng)
+        batch = survival.shape[0]
+        d = GoodputPolicy(min_gain=0.0).decide(survival, ceilings, base, pricer, fixed, catchup)
+        best = best_rate_by_enumeration(survival, ceilings, base, pricer, fixed, catchup)
+        # The decision's own plan, priced independently.
+        assert d.predicted_tokens == pytest.approx(
+            batch + sum(survival[r, :k].sum() for r, k in enumerate(d.k.tolist())), rel=1e-12)
+        seconds = plan_seconds(pricer, batch, base, d.k_step, int(d.k.sum()),
+                               catchup if d.k_step else 0.0)
+        rate = d.predicted_tokens / seconds
+        assert rate == pytest.approx(best, rel=1e-9)
+        assert (d.k <= np.minimum(ceilings, d.k_step)).all()
+        if fixed is not None:
+            assert d.k_step == fixed
+        elif d.k_step:
+            assert d.k_step == d.k.max()  # no draft pass for nothing
+        drafted += d.k_step > 0
+        pinned += fixed is not None
+        prefill += base > batch
+        padded += pricer.profile.pad_sizes is not None
+    # The cases cover plans that draft, pinned K_step, prefill chunks, padding.
+    assert min(drafted, pinned, prefill, padded) > 30, (drafted, pinned, prefill, padded)
+
+
+def test_goodput_argmax_is_the_best_of_every_per_request_k():
+    # Tiny batches, every vector of per-request k and every K_step: the
+    # top-n restriction of the enumeration above loses nothing.
+    rng = np.random.default_rng(13)
+    for _ in range(150):
+        batch, width = int(rng.integers(1, 4)), int(rng.integers(1, 4))
+        survival = np.cumprod(rng.uniform(0.05, 1.0, size=(batch, width)), axis=1)
+        ceilings = rng.integers(0, width + 1, size=batch)
+        base = float(batch + (int(rng.integers(1, 300)) if rng.random() < 0.3 else 0))
+        pricer = StepPricer(random_profile(rng, max_tokens=64))
+        best = batch / plan_seconds(pricer, batch, base, 0, 0)
+        for k in itertools.product(*[range(c + 1) for c in ceilings.tolist()]):
+            for j in range(max(max(k), 1), width + 1):
+                if not any(k):
+                    continue
+                tokens = batch + sum(survival[r, :kr].sum() for r, kr in enumerate(k))
+                best = max(best, tokens / plan_seconds(pricer, batch, base, j, sum(k)))
+        d = GoodputPolicy(min_gain=0.0).decide(survival, ceilings, base, pricer)
+        rate = d.predicted_tokens / plan_seconds(pricer, batch, base, d.k_step, int(d.k.sum()))
+        assert rate == pytest.approx(best, rel=1e-9)
+
+
+def test_goodput_speculates_only_past_min_gain():
+    rng = np.random.default_rng(14)
+    for _ in range(100):
+        survival, ceilings, base, pricer, _, catchup = random_case(rng)
+        batch = survival.shape[0]
+        plain = batch / plan_seconds(pricer, batch, base, 0, 0)
+        best = best_rate_by_enumeration(survival, ceilings, base, pricer, None, catchup)
+        d = GoodputPolicy(min_gain=0.05).decide(survival, ceilings, base, pricer, None, catchup)
+        assert (d.k_step > 0) == (best >= 1.05 * plain)
+        if d.k_step == 0:
+            assert not d.k.any() and d.predicted_seconds == pytest.approx(d.plain_seconds)
+        else:
+            assert d.predicted_speedup >= 1.05 * (1 - 1e-9) or base > batch
+
+
+def test_a_prefill_chunk_is_priced_at_the_plans_own_correction():
+    # Plain steps with a 2048-token chunk measured 30% over their profile,
+    # drafting steps of that size never measured.  The chunk costs the same
+    # whatever is drafted; priced with the plain bucket's correction and
+    # taken off a drafting plan priced with the drafting one, it left the
+    # plan's decode work almost no time, and drafts accepted 5% of the time
+    # were planned for the whole batch.
+    profile = prior_profile("cpu", None, 4096, 64)  # n-gram on a CPU
+    pricer = StepPricer(profile)
+    for _ in range(15):
+        pricer.observe(2052, 4, 0, 1.3 * profile.step(2052, 4, 0))
+    bad = np.tile(0.05 ** np.arange(1, 5), (4, 1))
+    ceilings = np.full(4, 4)
+    policy = GoodputPolicy()
+    for base in (4.0, 2052.0):
+        d = policy.decide(bad, ceilings, base, pricer)
+        assert d.k_step == 0 and not d.k.any(), base
+    good = np.tile(0.9 ** np.arange(1, 5), (4, 1))
+    d = policy.decide(good, ceilings, 2052.0, pricer)
+    assert d.k_step > 0
+    # Its predicted seconds are the whole step's.
+    assert d.predicted_seconds == pytest.approx(
+        pricer.seconds(2052 + d.k.sum(), 4, d.k_step))
 
 
 def test_goodput_policy_direct_threshold():
-    cm = StepCostModel(CostPrior(intercept=1.0, per_request=0.0, per_token=0.1))
-    for _ in range(StepCostModel.SKIP_FIRST + 1):
-        cm.observe(1, 1, 0, 1.1)  # calibrates the scale: step = 1.1 s
+    profile = StepProfile([1, 64], [1.0, 1.0 + 0.1 * 63], [0.0, 0.0], [1, 64], [0.05, 0.05])
     pol = GoodputPolicy(min_gain=0.0)
     survival = np.array([[0.9, 0.81, 0.73, 0.66], [0.05, 0.0025, 0.0, 0.0]])
-    d = pol.decide(survival, np.array([4, 4]), 2.0, cm)
+    d = pol.decide(survival, np.array([4, 4]), 2.0, StepPricer(profile))
     assert d.k[0] >= 3 and d.k[1] == 0 and d.k_step == d.k.max()
     assert d.predicted_speedup > 1.0
+    # Ceilings hold even where verifying looks free.
+    free = StepProfile([1, 64], [1.0, 1.0], [0.0, 0.0], [1], [0.0])
+    d = pol.decide(np.array([[0.9, 0.8, 0.7, 0.6]] * 2), np.array([0, 2]), 2.0, StepPricer(free))
+    assert d.k.tolist() == [0, 2]
 
 
-def test_ceilings_hold_when_verification_looks_free():
-    # A fit can clamp the per-token cost to 0; slots above a ceiling (and
-    # ceiling-0 requests) must still get nothing.
-    cm = StepCostModel(CostPrior(intercept=1.0, per_request=0.0, per_token=0.0))
-    for _ in range(StepCostModel.SKIP_FIRST + 1):
-        cm.observe(2, 2, 0, 1.0)
-    d = GoodputPolicy(min_gain=0.0).decide(
-        np.array([[0.9, 0.8, 0.7, 0.6], [0.9, 0.8, 0.7, 0.6]]), np.array([0, 2]), 2.0, cm)
-    assert d.k[0] == 0 and d.k[1] <= 2
-
-
-def test_catch_up_cost_is_learned_from_the_excess_and_priced_into_plans():
-    # Steps cost 1 s + 0.1 s/token; a draft catch-up adds 0.01 s per token.
-    cm = StepCostModel(CostPrior(intercept=1.0, per_request=0.0, per_token=0.1,
-                                 per_catchup_token=0.001))
-    for _ in range(StepCostModel.SKIP_FIRST + 40):
-        cm.observe(2, 2, 0, 1.2)
-        cm.observe(2, 6, 2, 1.6)
-        cm.observe(2, 2, 1, 1.3)
-    for _ in range(12):
-        cm.observe(2, 2, 1, 1.3 + 0.01 * 200, catchup=200)
-    assert cm.catchup_seconds(200) == pytest.approx(2.0, rel=0.15)
-    # The catch-up steps did not distort the step model.
-    assert cm.predict(2, 2, 0) == pytest.approx(1.2, rel=0.05)
-    pol = GoodputPolicy(min_gain=0.0)
-    good = np.array([[0.9, 0.81, 0.73, 0.66], [0.9, 0.81, 0.73, 0.66]])
-    ceilings = np.array([4, 4])
-    assert pol.decide(good, ceilings, 2.0, cm).k_step > 0
+def test_catch_up_is_priced_a_share_into_drafting_plans():
+    # Zero-cost fallback: a plan that drafts while the draft is behind first
+    # pays the catch-up over the skipped tokens; it buys CATCHUP_STEPS steps
+    # of speculation, so a plan is charged that share of it.
+    profile = tiny_serve_profile()
+    pricer = StepPricer(profile)
+    pol = GoodputPolicy()
+    good = np.tile(0.95 ** np.arange(1, 5), (2, 1))
+    ceilings = np.full(2, 4)
+    plain = pol.decide(good, ceilings, 2.0, pricer)
+    assert plain.k_step > 0
+    modest = pol.decide(good, ceilings, 2.0, pricer, catchup_tokens=64)
+    assert modest.k.tolist() == plain.k.tolist() and modest.k_step == plain.k_step
+    assert modest.predicted_seconds - plain.predicted_seconds == pytest.approx(
+        profile.catchup(64) / GoodputPolicy.CATCHUP_STEPS)
     # A catch-up of thousands of tokens is not worth one batch's good drafts.
-    d = pol.decide(good, ceilings, 2.0, cm, catchup_tokens=5000)
-    assert d.k_step == 0 and not d.k.any()
-    # A modest one is: it costs less than the skipped draft passes would have.
-    d = pol.decide(good, ceilings, 2.0, cm, catchup_tokens=20)
-    assert d.k_step > 0
-    assert d.predicted_seconds > pol.decide(good, ceilings, 2.0, cm).predicted_seconds
-
-
-def every_plan(survival, a0, a_tok, a_pass, knee=np.inf, knee_slope=0.0, base=None,
-               pass_offset=0):
-    """(expected tokens, step seconds) of every plan a threshold policy could choose.
-
-    For each K_step j, the slots worth taking are the most likely ones among
-    positions < j; the best set is a top-n of them for some n, so every n of
-    every j (plain decoding first) covers the optimum of any objective that
-    prefers likelier slots.  ``base``: the step's tokens besides drafts (one
-    per request by default); ``pass_offset``: draft passes a K_step = 0 step
-    runs anyway (``StepCostModel.pass_offset``).
-    """
-    batch, width = survival.shape
-    base = batch if base is None else base
-
-    def seconds(n, j):
-        return (a0 + a_tok * (base + n) + a_pass * max(j - pass_offset, 0)
-                + knee_slope * np.maximum(base + n - knee, 0))
-
-    tokens, secs = [np.array([float(batch)])], [np.array([seconds(0, 0)])]
-    for j in range(1, width + 1):
-        values = np.sort(survival[:, :j].ravel())[::-1]
-        tokens.append(batch + np.cumsum(values))
-        secs.append(seconds(np.arange(1, values.size + 1), j))
-    return np.concatenate(tokens), np.concatenate(secs)
-
-
-def best_rate_by_enumeration(survival, a0, a_tok, a_pass, knee=np.inf, knee_slope=0.0):
-    """The best decode rate (tokens / seconds) over every plan (``every_plan``)."""
-    tokens, seconds = every_plan(survival, a0, a_tok, a_pass, knee, knee_slope)
-    return (tokens / seconds).max()
-
-
-@pytest.mark.parametrize("seed", range(6))
-def test_goodput_plan_is_near_the_best_rate_and_consistent(seed):
-    # The policy finds its plan in a few Dinkelbach rounds, not by search;
-    # it must come within a fraction of a percent of the enumerated optimum,
-    # and its k must be exactly the slots its threshold selects.
-    rng = np.random.default_rng(seed)
-    batch, width = int(rng.integers(1, 96)), int(rng.integers(1, 9))
-    per_token, per_pass = rng.uniform(0.001, 0.3), rng.uniform(0.0, 0.3)
-    cm = StepCostModel(CostPrior(intercept=1.0, per_request=0.0, per_token=per_token,
-                                 per_draft_pass=per_pass))  # uncalibrated: point estimates
-    alpha = rng.uniform(0.05, 1.0, size=(batch, width))
-    survival = np.cumprod(alpha, axis=1)
-    d = GoodputPolicy(min_gain=0.0).decide(survival, np.full(batch, width), float(batch), cm)
-    a0, a_tok, a_pass = cm.linear_terms(batch)
-    rate = d.predicted_tokens / d.predicted_seconds
-    assert rate >= 0.995 * best_rate_by_enumeration(survival, a0, a_tok, a_pass)
-    if d.k_step:
-        granted = survival[:, : d.k_step] >= np.sort(
-            survival[:, : d.k_step].ravel())[::-1][d.k.sum() - 1]
-        assert (granted.sum(axis=1) == d.k).all()
-    expected = len(d.k) + sum(survival[r, : d.k[r]].sum() for r in range(batch))
-    assert d.predicted_tokens == pytest.approx(expected)
-
-
-@pytest.mark.parametrize("seed", range(8))
-def test_goodput_plan_is_near_the_best_rate_with_a_cost_knee(seed):
-    # Past the cost model's knee (a GPU's roofline ridge) a token costs more:
-    # the plan fills the step up to the knee with the slots worth the lower
-    # price, then takes only those worth the higher one.
-    rng = np.random.default_rng(100 + seed)
-    batch, width = int(rng.integers(2, 96)), int(rng.integers(1, 9))
-    cm = StepCostModel(CostPrior(intercept=1.0, per_request=0.0,
-                                 per_token=rng.uniform(0.0005, 0.01),
-                                 per_draft_pass=rng.uniform(0.0, 0.2)))
-    cm.knee = float(batch + rng.integers(0, batch * width))
-    cm.knee_slope = float(rng.uniform(0.01, 0.2))
-    survival = np.cumprod(rng.uniform(0.3, 1.0, size=(batch, width)), axis=1)
-    d = GoodputPolicy(min_gain=0.0).decide(survival, np.full(batch, width), float(batch), cm)
-    a0, a_tok, a_pass = cm.linear_terms(batch)
-    best = best_rate_by_enumeration(survival, a0, a_tok, a_pass, cm.knee, cm.knee_slope)
-    assert d.predicted_tokens / d.predicted_seconds >= 0.99 * best
-    expected = len(d.k) + sum(survival[r, : d.k[r]].sum() for r in range(batch))
-    assert d.predicted_tokens == pytest.approx(expected)
-
-
-@pytest.mark.parametrize("alpha", [0.7, 0.8, 0.9])
-def test_a_prefill_step_past_the_knee_values_time_at_the_decode_only_rate(alpha):
-    # Like the simulated 70B + 1B at c=64: a decode-only step sits below the
-    # roofline's knee, and a 512-token prefill chunk takes a step past it,
-    # where each draft costs the price past the knee.  In a closed loop a
-    # request brings one such step whatever is drafted, so time per output
-    # token is (1 - g_P / L) * t_D / g_D + t_P / L for a request of L tokens
-    # (decode-only steps: g_D tokens in t_D; the prefill step: g_P in t_P).
-    # The prefill step's plan must minimise that.  Judged at its own rate the
-    # step drafted at K_step 2, 3 and 5 here where the optimum drafts 1, 1
-    # and 2: 3-6% more time per token at L = 64.  (tests/test_sim.py's 70B +
-    # 1B easy at c=64 went from 0.951 to 0.972 of static K=2.)
-    batch, width, chunk = 64, 8, 512
-    cm = StepCostModel(CostPrior(intercept=1.0, per_request=0.0, per_token=0.0005,
-                                 per_draft_pass=0.035, draft_runs_at_k0=True))
-    cm.knee, cm.knee_slope = 181.0, 0.0045  # a token past it costs 0.5% of a step
-    rng = np.random.default_rng(3)
-    survival = np.cumprod(rng.uniform(alpha - 0.05, alpha + 0.05, size=(batch, width)), axis=1)
-    ceilings = np.full(batch, width)
-    # Every plan of the prefill step, its seconds the whole step's.
-    plan_tokens, plan_seconds = every_plan(survival, *cm.linear_terms(batch), cm.knee,
-                                           cm.knee_slope, base=batch + chunk,
-                                           pass_offset=cm.pass_offset)
-    for use_compiled in (True, False):
-        pol = GoodputPolicy(use_compiled=use_compiled)
-        dec = pol.decide(survival, ceilings, float(batch), cm)
-        pre = pol.decide(survival, ceilings, float(batch + chunk), cm)
-        for length in (64, 256, 1024):
-            def seconds_per_token(g_p, t_p):
-                return ((1 - g_p / length) * dec.predicted_seconds / dec.predicted_tokens
-                        + t_p / length)
-            best = seconds_per_token(plan_tokens, plan_seconds).min()
-            assert seconds_per_token(pre.predicted_tokens, pre.predicted_seconds) <= 1.001 * best
-
-
-def test_cost_model_finds_a_roofline_knee_and_stays_linear_without_one():
-    rng = np.random.default_rng(5)
-
-    def fit(step_seconds):
-        cm = StepCostModel(CostPrior(intercept=1.0, per_request=0.0, per_token=0.02))
-        for _ in range(300):
-            batch = int(rng.integers(8, 65))
-            k_step = int(rng.integers(0, 5))
-            tokens = batch * (1 + k_step) + int(rng.choice([0, 0, 0, 256]))  # some prefill
-            cm.observe(batch, tokens, k_step,
-                       step_seconds(tokens, k_step) * rng.lognormal(0, 0.03))
-        return cm
-
-    # Memory-bound (flat) up to a ridge at 150 tokens, compute-bound past it.
-    roofline = fit(lambda t, k: 0.002 + max(0.010, 0.010 * t / 150) + 0.0003 * k)
-    assert roofline.knee is not None and 150 / 1.5 <= roofline.knee <= 150 * 1.5
-    for tokens in (40, 120, 200, 400):
-        truth = 0.002 + max(0.010, 0.010 * tokens / 150) + 0.0003
-        assert roofline.predict(32, tokens, 1) == pytest.approx(truth, rel=0.1)
-    # A CPU: compute-bound from the first token, one slope: no knee.
-    linear = fit(lambda t, k: 0.05 + 0.004 * t + 0.01 * k)
-    assert linear.knee is None
-
-
-def test_a_first_draft_pass_run_at_k0_is_not_charged_to_one_draft():
-    # vLLM runs a draft model's (or EAGLE head's) first pass every step, at
-    # K_step = 0 too, to keep the draft's KV cache in sync: one draft per
-    # request costs only its verification, each further position a pass.
-    # A model linear in K_step fits a pass's price between K=0 and the
-    # longer drafts and charges most of it to K=1, and the policy then falls
-    # back where one draft per request still pays (the simulator's 8B/EAGLE
-    # at c=256: 0.94-0.96 of plain, 1.00 after).
-    batch, first, later = 64, 0.004, 0.004
-
-    def truth(tokens, k_step):  # memory-bound: verifying is nearly free
-        return 0.010 + 1e-5 * tokens + first + later * max(k_step - 1, 0)
-
-    def fit(runs_at_k0):
-        rng = np.random.default_rng(11)
-        cm = StepCostModel(CostPrior.for_platform("cuda", "model", 0.1,
-                                                  draft_runs_at_k0=runs_at_k0))
-        for _ in range(200):
-            k_step = int(rng.choice([0, 0, 2, 3, 4]))  # never K=1: it must be inferred
-            tokens = batch + int(rng.integers(0, batch * k_step + 1))
-            cm.observe(batch, tokens, k_step, truth(tokens, k_step) * rng.lognormal(0, 0.02))
-        return cm
-
-    survival = np.tile(np.cumprod([0.2, 0.2, 0.2, 0.2]), (batch, 1))
-    ceilings = np.full(batch, 4)
-    right, linear = fit(True), fit(False)
-    for k_step in range(5):
-        tokens = batch * (1 + k_step)
-        assert right.predict(batch, tokens, k_step) == pytest.approx(truth(tokens, k_step),
-                                                                      rel=0.05)
-    assert right.draft_passes(0) == right.draft_passes(1) == 0
-    assert linear.predict(batch, 2 * batch, 1) > 1.1 * truth(2 * batch, 1)
-    for use_compiled in (True, False):
-        pol = GoodputPolicy(use_compiled=use_compiled)
-        good = pol.decide(survival, ceilings, float(batch), right)
-        assert good.k_step == 1 and good.k.tolist() == [1] * batch
-        assert pol.decide(survival, ceilings, float(batch), linear).k_step == 0
-
-
-def _run_with_slow_first_drafting_steps(seed: int, steps: int) -> list[int]:
-    """k granted to one request whose drafts are always accepted, step by step.
-
-    The tiny test models behind vllm serve (test_server): the target as its
-    own draft, zero-cost fallback (the draft skips K=0 steps and catches
-    up), a plain step 2.7 ms, a draft pass 0.75 ms, and a draft's first
-    steps 3x their steady time.  Two are dropped as warm-up
-    (StepCostModel.SKIP_FIRST_DRAFTING); here two more are slow.
-    """
-    ctrl = SpecController(ControllerSettings(max_k=4, cost_forgetting=0.99),
-                          CostPrior.for_platform("cpu", "model", 1.0))
-    return drive_perfect_drafts(
-        ctrl, 1, steps, np.random.default_rng(seed),
-        lambda tokens, k_step: 2.5e-3 + 1.6e-4 * tokens + 7.5e-4 * k_step,
-        warm_up=[3.0] * 4, catch_up=lambda n: 7.5e-4 + 5e-5 * n)
-
-
-@pytest.mark.xfail(strict=True, reason=(
-    "known cold-start trap (benchmarks/README.md, Cold start): a drafting price set by a "
-    "few slow warm-up steps is never measured again"))
-@pytest.mark.parametrize("seed", range(3))
-def test_a_drafting_price_set_by_slow_warm_up_steps_does_not_keep_drafting_off(seed):
-    # Fitted, the two slow steps price drafting at several plain steps: the
-    # request falls back at once, and the probe gate, which asks the same
-    # price (plus the catch-up the probe would trigger), sends no probe.
-    # Nothing drafts, so nothing measures the price again.  Each re-measure
-    # tried in session 18 either kept this trap or took a cell of the
-    # simulated CPU profile below 0.97x of plain (benchmarks/README.md, "The
-    # same trap behind vllm serve"); the cap on drafts near max_tokens
-    # (session 16) stays out until a fix does neither.  Strict: a fix makes
-    # this pass and must then drop the mark.
-    granted = _run_with_slow_first_drafting_steps(seed, 240)
-    assert 0 in granted[:120]  # the slow steps did put the request in fallback
-    assert np.mean(granted[-32:]) >= 3.5, granted
-
-
-def test_a_plan_that_makes_the_draft_catch_up_is_not_tried_just_to_measure_it():
-    # The cost bound's optimism gets untried plans measured once.  With
-    # zero-cost fallback a plan that drafts first makes the draft catch up
-    # on every token it skipped (on the CPU profile, the time of 10-20 plain
-    # steps), so there plans are judged at the point estimate.
-    cm = StepCostModel(CostPrior(intercept=1.0, per_request=0.0, per_token=0.1,
-                                 per_draft_pass=0.3))
-    rng = np.random.default_rng(0)
-    for _ in range(40):  # plain steps only: the draft pass's price is unmeasured
-        tokens = 4 + int(rng.choice([0, 0, 32]))
-        cm.observe(4, tokens, 0, (0.5 + 0.1 * tokens) * rng.lognormal(0, 0.05))
-    survival = np.tile(np.cumprod([0.55] * 4), (4, 1))
-    ceilings = np.full(4, 4)
-    for use_compiled in (True, False):
-        pol = GoodputPolicy(use_compiled=use_compiled)
-        assert pol.decide(survival, ceilings, 4.0, cm).k_step > 0
-        assert pol.decide(survival, ceilings, 4.0, cm, explore=False).k_step == 0
-    # The controller explores when no catch-up is pending, and before the
-    # draft's price is measured (a fresh engine judged at its prior may
-    # never draft: test_scaling_server's perfect draft did not).
-    ctrl = SpecController(ControllerSettings(max_k=4))
-    seen = []
-    decide = ctrl.goodput.decide
-    ctrl.goodput.decide = lambda *a, **kw: seen.append(kw["explore"]) or decide(*a, **kw)
-    ctrl.add_request("r")
-    ctrl.plan(["r"], catchup_tokens=64)
-    for k_step in (0, 0, 2, 2, 2, 2, 2, 2):  # two engine steps, two drafting ones unfitted
-        ctrl.observe_step(1, 1 + k_step, k_step, 0.01 * (1 + k_step))
-    assert ctrl.cost.num_drafting_observations == ctrl.EXPLORE_DRAFTING_STEPS
-    ctrl.plan(["r"])
-    ctrl.plan(["r"], catchup_tokens=64)
-    assert seen == [True, True, False]
-
-
-def test_optimism_never_prices_a_drafting_step_below_a_plain_one():
-    # The cost bound's optimism (untried plans look cheaper, so they get
-    # measured) never puts a plan below halfway from a plain step to the
-    # plan's point estimate: the plan does a plain step's work and more, and
-    # the policy compares it with a plain step at its point estimate.
-    # test_server's bad draft (accepted 3% of the time, tiny models on a
-    # CPU) was drafted for in 131 of 192 request-steps in CI.  A trace of it
-    # here: a new request's 14-token prefill, priced at 2.7x what it took,
-    # raised the residual scale from 0.07 ms to 1.2 ms; the old floor, half
-    # the plan's own estimate, put a one-draft step 30% below a plain one,
-    # and after a lucky probe the draft ran step after step.
-    cost = StepCostModel(CostPrior.for_platform("cpu", "model", 0.58), forgetting=0.99)
-    rng = np.random.default_rng(0)
-    cost.observe(1, 14, 1, 0.026)  # the engine's first steps (not fitted)
-    cost.observe(1, 2, 1, 0.006)
-    for i in range(56):  # plain steps; every eighth verifies a failed probe's draft
-        two = i % 8 == 0
-        cost.observe(1, 2 if two else 1, 0,
-                     (1.6e-3 if two else 1.3e-3) * (1.0 + 0.05 * rng.standard_normal()))
-    cost.observe(1, 14, 0, 2.0e-3)  # the next request's prefill
-    plain = cost.predict(1, 1, 0)
-    assert cost.predict(1, 14, 0) > 2.0e-3 and math.sqrt(cost._resid_var) > 0.5 * plain
-    lower = cost.predict_lower(1, [1, 2, 3, 4, 5], [0, 1, 2, 3, 4], optimism=1.0)
-    points = cost.predict_lower(1, [1, 2, 3, 4, 5], [0, 1, 2, 3, 4])
-    assert lower[0] == pytest.approx(plain)
-    for low, point in zip(lower[1:], points[1:]):
-        assert plain < low <= point
-        assert low - plain >= 0.5 * (point - plain) - 1e-12
-    survival = np.array([[0.08, 0.006, 0.0005, 0.0]])  # a bad draft after a lucky probe
-    for use_compiled in (True, False):
-        decision = GoodputPolicy(use_compiled=use_compiled).decide(
-            survival, np.array([4]), 1.0, cost)
-        assert decision.k_step == 0
-
-
-def test_compiled_policy_loop_matches_the_numpy_path():
-    # vllm_specplug.controller.compiled (numba, which comes with vLLM) and the
-    # NumPy path must make the same decisions: fixed and free K_step, capped
-    # ceilings, catch-up charges, calibrated (optimistic bounds) or not.
-    from vllm_specplug.controller import compiled
-
-    pytest.importorskip("numba")
-    assert compiled.best_plan is not None, "numba is installed but the loop did not compile"
-    rng = np.random.default_rng(7)
-    checked = knee_bound = 0
-    for trial in range(300):
-        batch, width = int(rng.integers(1, 80)), int(rng.integers(1, 9))
-        cm = StepCostModel(CostPrior(intercept=1.0, per_request=rng.uniform(0, 0.05),
-                                     per_token=rng.uniform(0.001, 0.3),
-                                     per_draft_pass=rng.uniform(0, 0.3),
-                                     draft_runs_at_k0=trial % 4 >= 2))
-        if trial % 2:  # calibrate: lower confidence bounds come into play
-            for i in range(30):
-                t = batch + int(rng.integers(0, batch * width + 1))
-                ks = int(rng.integers(0, width + 1))
-                cm.observe(batch, t, ks, (1 + 0.05 * t + 0.1 * ks) * rng.lognormal(0, 0.1))
-        if trial % 3 == 1:  # a roofline knee somewhere in the plans' range (or before)
-            cm.knee = float(rng.integers(0, 2 * batch * width + 2))
-            cm.knee_slope = float(rng.uniform(0.001, 0.5))
-        survival = np.cumprod(rng.uniform(0.05, 1.0, size=(batch, width)) ** rng.uniform(0.05, 1),
-                              axis=1)
-        ceilings = rng.integers(0, width + 1, size=batch) if trial % 3 == 0 else np.full(batch, width)
-        fixed = int(rng.integers(0, width + 1)) if trial % 5 == 0 else None
-        catchup = float(rng.integers(0, 300)) if trial % 4 == 0 else 0.0
-        decisions = []
-        for use_compiled in (True, False):
-            pol = GoodputPolicy(use_compiled=use_compiled)
-            decisions.append(pol.decide(survival, ceilings, float(batch + trial % 7), cm,
-                                        fixed_k_step=fixed, catchup_tokens=catchup))
-            knee_bound += pol._threshold is not None
-        fast, reference = decisions
-        assert fast.k_step == reference.k_step
-        assert fast.k.tolist() == reference.k.tolist()
-        assert fast.predicted_seconds == pytest.approx(reference.predicted_seconds, rel=1e-9)
-        assert fast.predicted_tokens == pytest.approx(reference.predicted_tokens, rel=1e-9)
-        checked += fast.k_step > 0
-    assert checked > 50  # most trials speculate, so the slot choice is compared
-    assert knee_bound > 20  # and in many of them the knee limited the slots
-
-
-@pytest.mark.parametrize("roofline", [False, True])
-def test_compiled_controller_matches_the_numpy_controller_step_for_step(roofline):
-    # The whole controller, compiled loops (policy and probe bookkeeping) vs
-    # NumPy paths, on the same traffic: requests whose drafts turn bad and
-    # good again (fallback, probes, recoveries), some with a ceiling of 0,
-    # requests joining and leaving, and the batch changing size.  With
-    # ``roofline`` the step time has a knee at 48 tokens and some steps carry
-    # a prefill chunk, so the cost model adopts a knee and the knee-bound
-    # plans are compared too.
-    from vllm_specplug.controller import compiled
-
-    pytest.importorskip("numba")
-    assert compiled.advance_probes is not None
-    controllers = [SpecController(ControllerSettings(max_k=6, use_compiled=flag))
-                   for flag in (True, False)]
-    rng = np.random.default_rng(3)
-    live: dict[str, float] = {}
-    next_id = 0
-    for step in range(600):
-        while len(live) < 24 or rng.random() < 0.05:
-            live[f"r{next_id}"] = float(rng.uniform(0.0, 0.95))
-            ceiling = 0 if next_id % 9 == 0 else None
-            for c in controllers:
-                c.add_request(f"r{next_id}", ceiling)
-            next_id += 1
-        if step % 50 == 0:  # the traffic turns: easy requests become hard and back
-            live = {r: 0.95 - a for r, a in live.items()}
-        batch = [r for r in live if rng.random() < 0.9]
-        prefill = int(rng.choice([0, 0, 16, 32, 64, 96])) if roofline else 0
-        plans = [c.plan(batch, base_tokens=len(batch) + prefill) for c in controllers]
-        assert plans[0].k_step == plans[1].k_step
-        assert plans[0].k.tolist() == plans[1].k.tolist()
-        accepted = [min(int(rng.geometric(1 - live[r])) - 1, int(k))
-                    for r, k in zip(batch, plans[0].k)]
-        tokens = len(batch) + prefill + int(plans[0].k.sum())
-        past_knee = 0.01 * max(tokens - 48, 0) if roofline else 0.0
-        seconds = ((0.05 + 0.004 * tokens + past_knee + 0.01 * plans[0].k_step)
-                   * rng.lognormal(0, 0.05))
-        for c in controllers:
-            c.observe_verifications(batch, plans[0].k.tolist(), accepted)
-            c.observe_step(len(batch), tokens, plans[0].k_step, seconds)
-        for r in list(live):
-            if rng.random() < 0.01:
-                del live[r]
-                for c in controllers:
-                    c.finish_request(r)
-    fast, reference = (c.stats for c in controllers)
-    assert (fast.probes_sent, fast.probes_succeeded, fast.recoveries) == (
-        reference.probes_sent, reference.probes_succeeded, reference.recoveries)
-    assert fast.k_histogram == reference.k_histogram
-    assert fast.probes_sent > 20 and fast.fallback_request_steps > 0
-    print(fast, controllers[0].cost.knee)
-    if roofline:
-        assert controllers[0].cost.knee is not None
-        assert controllers[1].cost.knee == controllers[0].cost.knee
-    else:
-        assert fast.recoveries > 0
-
-
-def test_fast_steps_are_kept_when_timed_exactly_and_clipped_under_async():
-    # Sync scheduling times each step exactly, and stalls only slow steps
-    # down: a fast step is information.  Async scheduling can split one
-    # step's time with its neighbour's, so there a fast step is clipped too.
-    def after_one_fast_step(keep):
-        cm = StepCostModel(CostPrior(intercept=1.0, per_request=0.0, per_token=0.1))
-        cm.keep_fast_steps = keep
-        rng = np.random.default_rng(0)
-        for _ in range(StepCostModel.SKIP_FIRST + 30):
-            cm.observe(2, 2, 0, 1.2 * rng.uniform(0.98, 1.02))
-        cm.observe(2, 2, 0, 0.3)
-        return cm.predict(2, 2, 0)
-    assert after_one_fast_step(False) > 1.1
-    assert after_one_fast_step(True) < after_one_fast_step(False) - 0.02
-
-
-def _eagle_c256_seconds(tokens):
-    """A step's time in the simulated 8B + EAGLE at c=256: flat up to a ridge at
-    480 tokens (memory-bound), then proportional to the tokens (compute-bound)."""
-    return 0.001 + max(0.010, 0.010 * tokens / 480)
-
-
-def _eagle_c256_step(rng, decode_share=1 / 3):
-    """(tokens, seconds) of a step like the simulated 8B + EAGLE at c=256.
-
-    A third of the steps decode only: 256 requests, most with a draft
-    (416-512 tokens), a few without; the rest carry a 512-token prefill
-    chunk or more.  Memory-bound (flat) up to a ridge at 480 tokens,
-    compute-bound past it.
-    """
-    if rng.random() < decode_share:
-        drafts = int(rng.integers(0, 40)) if rng.random() < 0.15 else int(rng.integers(160, 257))
-        tokens = 256 + drafts
-    else:
-        tokens = 256 + int(rng.choice([512, 512, 1024, 1536]))
-    seconds = _eagle_c256_seconds(tokens) * rng.lognormal(0, 0.02)
-    return tokens, seconds
-
-
-def _eagle_c256_controller(rng):
-    """A controller that has learnt the 8B + EAGLE c=256 roofline, with 256 requests added."""
-    ctrl = SpecController(ControllerSettings(max_k=4),
-                          CostPrior.for_platform("cuda", "model", 0.05, draft_runs_at_k0=True))
-    for _ in range(200):
-        tokens, seconds = _eagle_c256_step(rng)
-        ctrl.observe_step(257, tokens, 1, seconds)
-    ids = [f"r{i}" for i in range(256)]
-    for r in ids:
+    huge = pol.decide(good, ceilings, 2.0, pricer, catchup_tokens=20000)
+    assert huge.k_step == 0 and not huge.k.any()
+    # The controller passes it on, and with it behind, no probe goes out either.
+    ctrl = SpecController(ControllerSettings(max_k=4), profile)
+    for r in ("a", "b"):
         ctrl.add_request(r)
-    return ctrl, ids
-
-
-def test_a_range_of_step_sizes_the_fit_misprices_is_fitted_not_dropped_as_stalls():
-    # Slow outliers are dropped (a stall says nothing about the step).  But
-    # a linear fit carried by the many steps with a prefill chunk prices
-    # every decode-only step too low, and each of those then looked like a
-    # stall: in the simulated 8B + EAGLE at c=256, 92 of 107 were dropped,
-    # and the fit never learnt what they cost.  A sample is now judged
-    # against recent steps of its own size; a lone stall still is dropped.
-    rng = np.random.default_rng(3)
-    cm = StepCostModel(CostPrior.for_platform("cuda", "model", 0.05, draft_runs_at_k0=True))
-    stalls = 0
-    for i in range(400):
-        tokens, seconds = _eagle_c256_step(rng, decode_share=0.25 if i < 100 else 1 / 3)
-        if i % 41 == 40:
-            seconds *= 8.0  # a stall
-            stalls += 1
-        cm.observe(257, tokens, 1, seconds)
-    assert cm.num_rejected >= stalls
-    assert cm.num_rejected < stalls + 20, cm.num_rejected
-    for tokens in (420, 512, 768, 1280):
-        assert cm.predict(257, tokens, 1) == pytest.approx(_eagle_c256_seconds(tokens),
-                                                           rel=0.12), tokens
-
-
-def test_a_knee_just_above_the_decode_steps_is_found_and_kept():
-    # Decode-only steps that all draft sit at 420-512 tokens, steps with a
-    # prefill chunk at 768 and more.  The knee at 512 fits best, but it
-    # asked for steps at or below 362 (the candidate below it), which only
-    # undrafted steps provide; the model flipped between 512, 724 and no
-    # knee, and the slope below 724 is twice the one below 512.
-    rng = np.random.default_rng(4)
-    cm = StepCostModel(CostPrior.for_platform("cuda", "model", 0.05, draft_runs_at_k0=True))
-    knees = []
-    for _ in range(400):
-        tokens, seconds = _eagle_c256_step(rng)
-        cm.observe(257, tokens, 1, seconds)
-        knees.append(cm.knee)
-    assert set(knees[-200:]) == {512.0}, sorted(set(map(str, knees[-200:])))
-    # The price of a draft in a decode-only step: nearly free below the ridge.
-    cheap = cm.predict(257, 512, 1) - cm.predict(257, 420, 1)
-    assert cheap < 0.5 * (0.010 * 92 / 480), cheap
-
-
-def test_probes_wait_for_a_step_below_the_knee():
-    # Past the knee a draft costs its compute, below it almost nothing.  In
-    # the simulated 8B + EAGLE at c=256 two steps in three carry a prefill
-    # chunk that pushes them past the knee, and runs of them sent 29 probes
-    # a step into the expensive steps.  A due probe now waits for a step
-    # that stays below the knee (up to twice its back-off).
-    rng = np.random.default_rng(6)
-    ctrl, ids = _eagle_c256_controller(rng)  # the roofline learnt (see the knee test above)
-    assert ctrl.cost.knee == 512.0
-    previous = np.zeros(256, dtype=int)
-    probes = {False: [], True: []}
-    for _ in range(300):
-        prefill = 512 if rng.random() < 2 / 3 else 0
-        sent = ctrl.stats.probes_sent
-        d = ctrl.plan(ids, base_tokens=256 + prefill)
-        accepted = [simulate_verification(rng, 0.01, k) for k in previous.tolist()]
-        ctrl.observe_verifications(ids, previous.tolist(), accepted)
-        tokens = 256 + prefill + int(d.k.sum())
-        ctrl.observe_step(256 + (prefill > 0), tokens, d.k_step,
-                          _eagle_c256_seconds(tokens))
-        previous = d.k.copy()
-        probes[prefill > 0].append(ctrl.stats.probes_sent - sent)
-    # Drafts accepted 1% of the time do not pay even where they are free.
-    # (At 0.05 the plan without the chunk drafts for most of the batch: see
-    # the next test.)
-    assert ctrl.num_in_fallback() > 200
-    below, past = np.mean(probes[False]), np.mean(probes[True])
-    assert below > 0 and past < 0.25 * below, (below, past)
-
-
-def test_a_knee_is_kept_when_no_step_is_left_below_it():
-    # Once the policy acts on a knee at 512, every decode-only step drafts
-    # one token for each of 256 requests and lands on the knee itself: no
-    # step is left below it to tell a knee from a linear fit.  The knee
-    # stays while so few steps are below it.  It used to fall to none as the
-    # steps below it were forgotten (the simulated 8B + EAGLE at c=256 lost
-    # it twice a run, and the linear fit then priced drafts in prefill steps
-    # like drafts in decode-only ones).
-    rng = np.random.default_rng(4)
-    cm = StepCostModel(CostPrior.for_platform("cuda", "model", 0.05, draft_runs_at_k0=True))
-    for _ in range(200):
-        tokens, seconds = _eagle_c256_step(rng)
-        cm.observe(257, tokens, 1, seconds)
-    assert cm.knee == 512.0
-    knees = []
-    for _ in range(300):
-        tokens = 512 if rng.random() < 1 / 3 else 256 + int(rng.choice([512, 512, 1024, 1536]))
-        cm.observe(257, tokens, 1, _eagle_c256_seconds(tokens) * rng.lognormal(0, 0.02))
-        knees.append(cm.knee)
-    assert set(knees) == {512.0}, sorted(set(map(str, knees)))
-
-
-def test_a_knee_not_seen_from_below_is_read_as_a_roofline():
-    # Decode-only steps that all draft sit on the knee (512 tokens) and
-    # plain anchors at 256; the true step is flat up to 480 tokens and
-    # rises at its compute slope past it.  The fit's slope below the knee
-    # only joins 256 and 512 (a fortieth of a decode step per 10 tokens),
-    # so every slot up to 512 looked worth a draft accepted 45% of the
-    # time.  Read as a roofline (flat, then the slope past the knee) the
-    # stretch turns where the truth does, and the plan stops there.
-    rng = np.random.default_rng(5)
-    cm = StepCostModel(CostPrior.for_platform("cuda", "model", 0.05, draft_runs_at_k0=True))
-    for i in range(300):
-        if rng.random() < 1 / 3:
-            tokens = 256 if i % 16 == 0 else 512
-        else:
-            tokens = 256 + int(rng.choice([512, 512, 1024, 1536]))
-        cm.observe(256, tokens, 1, _eagle_c256_seconds(tokens) * rng.lognormal(0, 0.02))
-    assert cm.knee == 512.0 and not cm.knee_seen_from_below()
-    # (Ties broken as the estimator breaks them.)
-    survival = np.full((256, 4), 0.45) ** np.arange(1, 5) - 1e-12 * np.arange(256)[:, None]
-    slots = []
-    for use_compiled in (True, False):
-        d = GoodputPolicy(use_compiled=use_compiled).decide(
-            survival, np.full(256, 4), 256.0, cm, explore=False)
-        slots.append(int(d.k.sum()))
-    assert slots[0] == slots[1]
-    assert 480 - 40 <= 256 + slots[0] <= 480 + 10, slots
-    # Where steps below the knee place it, the fit is taken as it is.
-    for _ in range(200):
-        tokens = 256 + int(rng.integers(0, 100)) if rng.random() < 1 / 3 else 768
-        cm.observe(256, tokens, 1, _eagle_c256_seconds(tokens) * rng.lognormal(0, 0.02))
-    assert cm.knee_seen_from_below()
-
-
-def test_a_request_left_out_only_by_a_prefill_chunk_is_not_in_fallback():
-    # Two steps in three carry a prefill chunk that takes them past the knee,
-    # where no draft at 0.3 pays; a step without the chunk drafts for most
-    # of the batch (below the knee drafts are almost free).  Counted as
-    # fallback, runs of chunked steps made the whole batch due, and late
-    # probes went out in those steps at the compute-bound price (the
-    # simulated 8B + EAGLE at c=256 sent probes of 240 requests there).
-    # Only a request the plan without the chunk leaves out is in fallback.
-    rng = np.random.default_rng(6)
-    ctrl, ids = _eagle_c256_controller(rng)
-    previous = np.zeros(256, dtype=int)
-    slots_without, excess = [], []
-    for _ in range(300):
-        prefill = 512 if rng.random() < 2 / 3 else 0
-        d = ctrl.plan(ids, base_tokens=256 + prefill)
-        accepted = [simulate_verification(rng, 0.3, k) for k in previous.tolist()]
-        ctrl.observe_verifications(ids, previous.tolist(), accepted)
-        tokens = 256 + prefill + int(d.k.sum())
-        ctrl.observe_step(256 + (prefill > 0), tokens, d.k_step, _eagle_c256_seconds(tokens))
-        previous = d.k.copy()
-        if prefill:
-            assert d.decode_only_k is not None and d.decode_only_k.shape == d.k.shape
-            left_out = int(np.count_nonzero(d.decode_only_k == 0))
-            excess.append(ctrl.num_in_fallback() - left_out)
-        else:
-            assert d.decode_only_k is None
-            slots_without.append(int(d.k.sum()))
-    assert np.mean(slots_without) > 0.6 * 256
-    # (The old count held up to the whole batch in fallback: excess 220 on average.)
-    assert max(excess) <= 0, max(excess)
-
-
-def test_a_probe_adds_no_draft_position_to_a_step_that_drafts():
-    # 256 requests at acceptance 0.45; the knee has room for one draft for
-    # most of them, and the few left out are in fallback and get probed.  A
-    # probe that grew to two drafts after an accepted one made the step run
-    # a second draft pass over the whole batch for its few tokens (the
-    # simulated 8B + EAGLE at c=256: in half the decode-only steps).
-    rng = np.random.default_rng(6)
-    ctrl, ids = _eagle_c256_controller(rng)
-    planned = []
-    plan_only = ctrl.goodput.decide
-
-    def recording_decide(*args, **kwargs):
-        d = plan_only(*args, **kwargs)
-        if "explore" in kwargs:  # the step's plan (the probes' hopeful plan passes none)
-            planned.append(d.k_step)
-        return d
-
-    ctrl.goodput.decide = recording_decide
-    previous = np.zeros(256, dtype=int)
-    drafting = deeper = 0
-    for _ in range(300):
-        planned.clear()
-        prefill = 512 if rng.random() < 2 / 3 else 0
-        d = ctrl.plan(ids, base_tokens=256 + prefill)
-        accepted = [simulate_verification(rng, 0.45, k) for k in previous.tolist()]
-        ctrl.observe_verifications(ids, previous.tolist(), accepted)
-        tokens = 256 + prefill + int(d.k.sum())
-        extra_pass = 0.0005 * max(d.k_step - 1, 0)
-        ctrl.observe_step(256 + (prefill > 0), tokens, d.k_step,
-                          (_eagle_c256_seconds(tokens) + extra_pass) * rng.lognormal(0, 0.02))
-        previous = d.k.copy()
-        if planned[-1] > 0:  # (the last: a step with a chunk plans without it first)
-            drafting += 1
-            deeper += d.k_step > planned[-1]
-    assert drafting > 50 and ctrl.stats.probes_sent > 100
-    assert deeper == 0  # 14 of 102 before
-
-
-def test_a_knee_is_found_from_the_few_steps_that_carry_a_prefill_chunk():
-    # At c=8 a decode step (8 requests, up to 8 drafts each: 8-72 tokens)
-    # stays below a 70B target's ridge (about 180 tokens a pass on H200);
-    # only the one step in twenty that carries a 512-token prefill chunk is
-    # past it.  Asked for a tenth of the steps past the knee, the model
-    # stayed linear, and those few steps priced every verified token at 90
-    # us (the simulated 70b-1b, drift, c=8): the cost went to the tokens, a
-    # draft pass looked a third of its price, and drafts spread unevenly
-    # over the batch (mean K_step 4.8 for a mean k of 3.9).
-    rng = np.random.default_rng(8)
-    cm = StepCostModel(CostPrior.for_platform("cuda", "model", 0.02, draft_runs_at_k0=True))
-
-    def truth(tokens, k_step):
-        return 0.002 + max(0.020, 0.020 * tokens / 180) + 0.0006 * max(k_step - 1, 0)
-
-    for _ in range(300):
-        k_step = int(rng.integers(0, 9))
-        tokens = 8 + int(rng.integers(0, 8 * k_step + 1))
-        if rng.random() < 0.05:
-            tokens += 512
-        cm.observe(8, tokens, k_step, truth(tokens, k_step) * rng.lognormal(0, 0.02))
-    assert cm.knee is not None and cm.knee <= 362
-    for tokens, k_step in ((8, 0), (40, 4), (72, 8)):
-        assert cm.predict(8, tokens, k_step) == pytest.approx(truth(tokens, k_step), rel=0.05)
-
-
-def test_plain_anchors_wait_where_speculation_wins_by_far_against_a_measured_plain_step():
-    # A plain anchor (two plans at K=0) measures plain decoding, which an
-    # all-speculating fit can only extrapolate.  Memory-bound (tokens nearly
-    # free), perfect drafts run at about 4x the measured plain step's rate:
-    # no plain estimate could turn that into a loss, so once the knee search
-    # has twice found no knee, anchors wait, three in a row at most (in the
-    # simulator they cost 70B + 1B at one to four requests 2-3% of its rate).
-    # Two anchors run: the first (nothing measured yet), then the one after
-    # three waits.
-    ctrl, k_steps = _anchor_run(per_token=0.0005)
-    assert ctrl.stats.plain_anchors_skipped == ctrl.PLAIN_ANCHOR_SKIP_MAX
-    assert ctrl.stats.plain_anchors == 2, k_steps
-    assert k_steps.count(0) == 2 * ctrl.PLAIN_ANCHOR_STEPS, k_steps
-    # Compute-bound (a token costs 16 ms against a 58 ms step): perfect
-    # drafts gain 1.55x.  The fit, extrapolating, put plain decoding at 1.9x
-    # its true time when the test was against the fit's own plain estimate
-    # (and then no anchor corrected it); against the measured step the
-    # anchors go on.
-    ctrl, k_steps = _anchor_run(per_token=0.0164)
-    assert ctrl.stats.plain_anchors_skipped == 0
-    assert ctrl.stats.plain_anchors >= 4, k_steps
-    plain = true_step_seconds(4, 4, 0, per_token=0.0164, draft=0.002)
-    assert abs(ctrl.last_decision.plain_seconds / plain - 1.0) < 0.3
-
-
-def _anchor_run(per_token: float):
-    """Four requests with perfect drafts for 200 steps (``drive``), a draft pass
-    costing 2 ms; returns the controller and the K_step of every plan."""
-    ctrl = SpecController(ControllerSettings(max_k=4), CostPrior.for_platform("cuda", "model", 0.1))
-    _, history = drive(ctrl, [1.0] * 4, 200, np.random.default_rng(0), per_token=per_token,
-                       draft=0.002)
-    return ctrl, [d.k_step for d in history]
+        for _ in range(20):
+            ctrl.observe_verifications([r], [4], [4])
+    assert ctrl.plan(["a", "b"], catchup_tokens=20000).k_step == 0
+    assert ctrl.plan(["a", "b"], catchup_tokens=64).k.tolist() == [4, 4]
