@@ -401,7 +401,7 @@ def test_correction_drops_garbage():
 
 
 def test_a_single_stall_moves_the_ratio_by_at_most_one_step():
-    corr = ProfileCorrection()
+    corr = ProfileCorrection(forget=0.0)  # the step rule alone
     for _ in range(50):
         corr.observe(16, True, 1.0, 1.0)
     corr.observe(16, True, 1.0, 100.0)
@@ -410,6 +410,21 @@ def test_a_single_stall_moves_the_ratio_by_at_most_one_step():
     assert corr.ratio(16, True) == pytest.approx(1.0)
     corr.observe(16, True, 1.0, 0.01)
     assert corr.ratio(16, True) == pytest.approx(math.exp(-corr.step))
+
+
+def test_an_unobserved_bucket_is_forgotten_back_to_the_profile():
+    corr = ProfileCorrection()
+    for _ in range(100):
+        corr.observe(16, True, 1.0, 2.0)  # drafting steps measured 2x the profile
+    high = corr.ratio(16, True)
+    assert high > 1.5
+    for _ in range(600):
+        corr.observe(16, False, 1.0, 1.0)  # then only plain steps
+    assert 1.0 <= corr.ratio(16, True) < 1.0 + 0.35 * (high - 1.0)
+    # An observed bucket keeps its measured ratio despite the forgetting.
+    for _ in range(300):
+        corr.observe(16, True, 1.0, 1.5)
+    assert corr.ratio(16, True) == pytest.approx(1.5, rel=0.08)
 
 
 def test_correction_ratios_from_matches_ratio():

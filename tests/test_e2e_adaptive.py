@@ -55,7 +55,9 @@ def test_good_draft_climbs_to_ceiling_and_ceiling_zero_never_drafts(tiny_models,
             if i % 3 == 0:
                 assert m is None or m.num_draft_tokens == 0
             else:
-                assert max(m.per_step_drafted) <= CEILING
+                # (No drafts at all is within the ceiling: a batch of six
+                # may well not pay for them on this CPU.)
+                assert m is None or max(m.per_step_drafted, default=0) <= CEILING
         assert sched.specplug.controller.num_requests() == 0, "state leaked"
         # A per-request ceiling of 1 caps drafts at 1.
         o = llm.generate([PROMPTS[1]], greedy(LONG, extra_args={"specplug_max_k": 1}),

@@ -243,13 +243,20 @@ class ProfileCorrection:
     few cold first steps move a price by a few percent at most, and a
     steady mismatch (longer real contexts than the profile's, a busier
     machine) is absorbed within a few dozen steps.  Ratios stay in
-    [``low``, ``high``]: the profile remains the source of the price.
+    [``low``, ``high``] and are forgotten slowly toward 1 (``forget`` per
+    observed step): the profile remains the source of the price.
     """
 
     BANDS = 24
 
-    def __init__(self, step: float = 0.02, low: float = 0.5, high: float = 2.0) -> None:
+    def __init__(self, step: float = 0.02, low: float = 0.5, high: float = 2.0,
+                 forget: float = 0.002) -> None:
         self.step = step
+        # Every observed step pulls every bucket's log-ratio toward the
+        # profile's (0) by this share: a bucket no step exercises any more
+        # (drafting while every plan is plain) drifts back to the measured
+        # profile over a few hundred steps instead of keeping an old price.
+        self.keep = 1.0 - forget
         self.low, self.high = math.log(low), math.log(high)
         self._log = np.zeros((2, self.BANDS))
         self.observations = 0
@@ -277,6 +284,7 @@ class ProfileCorrection:
         if not (profiled > 0 and math.isfinite(measured) and measured > 0):
             return False
         row, col = int(drafting), self.band(tokens)
+        self._log *= self.keep
         seen = math.log(measured / profiled)
         cur = self._log[row, col]
         if seen != cur:
