@@ -959,11 +959,16 @@ def test_catch_up_is_priced_a_share_into_drafting_plans():
     # A catch-up of thousands of tokens is not worth one batch's good drafts.
     huge = pol.decide(good, ceilings, 2.0, pricer, catchup_tokens=20000)
     assert huge.k_step == 0 and not huge.k.any()
-    # The controller passes it on, and with it behind, no probe goes out either.
+    # The controller does not charge it: the debt is owed whenever drafting
+    # resumes and only grows in fallback, so a perfect draft would never
+    # resume.  It is in the plan's predicted seconds.
     ctrl = SpecController(ControllerSettings(max_k=4), profile)
     for r in ("a", "b"):
         ctrl.add_request(r)
         for _ in range(20):
             ctrl.observe_verifications([r], [4], [4])
-    assert ctrl.plan(["a", "b"], catchup_tokens=20000).k_step == 0
-    assert ctrl.plan(["a", "b"], catchup_tokens=64).k.tolist() == [4, 4]
+    base = ctrl.plan(["a", "b"])
+    owed = ctrl.plan(["a", "b"], catchup_tokens=20000)
+    assert owed.k.tolist() == base.k.tolist() == [4, 4]
+    assert owed.predicted_seconds - base.predicted_seconds == pytest.approx(
+        profile.catchup(20000))

@@ -1,6 +1,6 @@
 """A process can start engine after engine with the controller loaded.
 
-The controller's compiled loops import numba, which makes vLLM CPU's
+numba (vLLM's n-gram proposer imports it) makes vLLM CPU's
 kernel-override scan fail at the next engine start in the same process
 unless the plugin's patch is in place (vllm_specplug/patches/
 kernel_override_scan.py).  Test sessions, notebooks and the benchmark (a
@@ -12,9 +12,8 @@ from conftest import CEILING, greedy, make_llm, shutdown, token_ids
 
 def test_engines_start_one_after_another_with_numba_loaded(tiny_models):
     from vllm_specplug import plugin
-    from vllm_specplug.controller import compiled
+    import numba  # noqa: F401  (loaded in this process, as vLLM's n-gram proposer does)
 
-    assert compiled.best_plan is not None  # numba is loaded in this process
     outputs = []
     # Speculative first, then plain: the benchmark's order.
     for speculative in ({"method": "draft_model", "model": tiny_models["target"],

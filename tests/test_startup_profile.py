@@ -158,8 +158,10 @@ def test_slow_first_draft_calls_while_serving_do_not_keep_a_perfect_draft_off(
         assert token_ids(outs) == plain
         for o in outs:
             steps = drafted_per_step(o)
-            # A perfect draft ends at the ceiling: the last quarter of every request.
-            tail = steps[-len(steps) // 4:]
+            # A perfect draft ends at the ceiling: the last quarter of every
+            # request, but for its last two steps, where fewer tokens are
+            # left before max_tokens than the ceiling's drafts.
+            tail = steps[-len(steps) // 4:-2]
             assert tail and all(s == CEILING for s in tail), steps
         ratios = scheduler_of(llm).specplug.controller.pricer.correction
         assert ratios.observations > 0

@@ -263,6 +263,12 @@ def measure(executor, vllm_config, kv_cache_config, k: int, zero_cost: bool,
     max_batch = max(1, int(vllm_config.scheduler_config.max_num_seqs))
     token_budget = int(vllm_config.scheduler_config.max_num_batched_tokens)
     bench = _Bench(executor, vllm_config, kv_cache_config)
+    # The process's first steps are slow beyond any one shape's warm-up
+    # (allocator, kernels picked on first use): a few untimed steps of each
+    # kind first.
+    bench.add(1)
+    for k_step, drafts in ((0, 0), (0, k), (1, 0), (k, k)) * 2:
+        bench.step(k_step, drafts)
     target: dict[int, list[float]] = {}
     first: dict[int, list[float]] = {}
     passes: dict[int, float] = {}

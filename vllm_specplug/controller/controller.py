@@ -222,7 +222,12 @@ class SpecController:
         expected to schedule (defaults to one per request).  ``fixed_k_step``
         pins K_step for proposers that need it (and for data parallelism).
         ``catchup_tokens``: tokens a draft model skipped (zero-cost fallback)
-        and must process before it drafts again.  ``caps``: per request, the
+        and must process before it drafts again.  That catch-up is not
+        charged to the plan: it is owed whenever drafting resumes and is
+        bounded by the first passes the skipped steps did not run; charged,
+        it grows with every step in fallback until a request whose drafts
+        turned perfect never resumes (``test_zero_cost_fallback``).  It is
+        in the plan's predicted seconds.  ``caps``: per request, the
         most drafts it can use in this plan (a request about to reach
         ``max_tokens`` cannot use more than the tokens it has left); a
         request capped at 0 is not in fallback.
@@ -242,8 +247,10 @@ class SpecController:
             decision = self.heuristic.decide(rows, ceilings, fixed_k_step)
         else:
             decision = self.goodput.decide(self.estimator.survival(rows), ceilings, base,
-                                           self.pricer, fixed_k_step, catchup_tokens)
-            self._probe(rows, ceilings, decision, base, fixed_k_step, catchup_tokens)
+                                           self.pricer, fixed_k_step)
+            self._probe(rows, ceilings, decision, base, fixed_k_step)
+            if catchup_tokens and decision.k_step > 0:
+                decision.predicted_seconds += self.pricer.profile.catchup(catchup_tokens)
         self._account(rows, ceilings, decision)
         self.last_decision = decision
         return decision
@@ -267,7 +274,7 @@ class SpecController:
         self._probe_size[passed] = np.minimum(self._probe_size[passed] * 2,
                                               np.maximum(self._ceiling[passed], 1))
 
-    def _probe(self, rows, ceilings, decision, base, fixed_k_step, catchup_tokens) -> None:
+    def _probe(self, rows, ceilings, decision, base, fixed_k_step) -> None:
         """Send a small probe to requests that sat in fallback long enough.
 
         A request granted nothing while its ceiling allows drafts is in
@@ -304,8 +311,7 @@ class SpecController:
         hopeful = self.estimator.survival(rows).copy()
         width = hopeful.shape[1]
         hopeful[due_idx] = self.PROBE_OPTIMISM ** np.arange(1, width + 1)
-        plan = self.goodput.decide(hopeful, ceilings, base, self.pricer, fixed_k_step,
-                                   catchup_tokens)
+        plan = self.goodput.decide(hopeful, ceilings, base, self.pricer, fixed_k_step)
         depth = int(plan.k[due_idx].max(initial=0))
         if decision.k_step > 0 and fixed_k_step is None:
             depth = min(depth, decision.k_step)
