@@ -7,10 +7,15 @@ Qwen pair and keeps each policy's controller between its runs, so its first
 run measures a *fresh* controller.  This script replays that shape in the
 simulator's `cpu-qwen` profile (step times calibrated on this machine: plain
 0.31 s, K=1 0.76 s, K=8 3.9 s; zero-cost fallback on), with the real
-`SpecController`, for an easy (draft acceptance 0.95) and a hard (0.3)
-request stream, and prints goodput over plain decoding per run, averaged over
-seeds.  Plain decoding is timed on the same requests with the same
-acceptance draws (tokens a step emits are charged at plain's step time).
+`SpecController` started from a step-cost profile measured on the same
+simulated clock (`vllm_specplug.sim.profile`), for an easy (draft acceptance
+0.95) and a hard (0.3) request stream, and prints goodput over plain
+decoding per run, averaged over seeds.  Step times run on the simulator's
+`StepClock`: noise, rare stalls, and slow first steps of shapes the profile
+measurement did not warm.  Plain decoding is timed on the same requests with
+the same acceptance draws (tokens a step emits are charged at plain's
+noise-free step time).  Unlike the simulator's engine, a step here verifies
+the drafts it plans (no one-step lag).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import argparse
 
 import numpy as np
 
+from vllm_specplug.sim.clock import Realism, StepClock
 from vllm_specplug.sim.cost import make_setup
 from vllm_specplug.sim.engine import Controller
 
@@ -28,7 +34,8 @@ def run(alpha: float, runs: int, seed: int, requests: int = 2, tokens: int = 32,
     setup = make_setup("cpu-qwen", draft_at_k0=False)
     cost = setup.cost()
     rng = np.random.default_rng(seed)
-    ctl = Controller(setup, "goodput").controller
+    clock = StepClock(Realism.for_setup(noise), rng)
+    ctl = Controller(setup, "goodput", rng=rng, clock=clock).controller
     ratios, n = [], 0
     for _ in range(runs):
         t_spec = t_plain = 0.0
@@ -36,8 +43,8 @@ def run(alpha: float, runs: int, seed: int, requests: int = 2, tokens: int = 32,
             name = f"r{n}"
             n += 1
             ctl.add_request(name)
-            sec = cost.step(np.zeros(0), np.zeros(0, dtype=int), 0, np.zeros(1),
-                            np.array([float(prompt)])) * rng.lognormal(0, noise)
+            sec = clock.seconds(cost.step(np.zeros(0), np.zeros(0, dtype=int), 0, np.zeros(1),
+                                          np.array([float(prompt)])), prompt, False)
             ctl.observe_step(1, prompt, 0, sec)
             t_spec += sec
             t_plain += sec
@@ -48,8 +55,8 @@ def run(alpha: float, runs: int, seed: int, requests: int = 2, tokens: int = 32,
                 accepted = 0
                 while accepted < k and rng.random() < alpha:
                     accepted += 1
-                sec = cost.step(np.array([float(ctx)]), np.array([k]), k_step)
-                sec *= rng.lognormal(0, noise)
+                sec = clock.seconds(cost.step(np.array([float(ctx)]), np.array([k]), k_step),
+                                    1 + k, k_step > 0)
                 if k:
                     ctl.observe_verification(name, k, accepted)
                 ctl.observe_step(1, 1 + k, k_step, sec)

@@ -78,7 +78,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--min-window", type=int, default=16,
                    help="completions measured, at least (low concurrency)")
     p.add_argument("--noise", type=float, default=None,
-                   help="lognormal sigma of step times (default per setup: GPU 0.03, CPU 0.10)")
+                   help="lognormal sigma of step times (default per setup: GPU 0.05, CPU 0.10)")
+    p.add_argument("--cold-steps", type=int, default=2,
+                   help="slow (3x) first steps of each step shape an engine has not run")
+    p.add_argument("--ideal-clock", action="store_true",
+                   help="no cold first steps and no stalls (the noise stays)")
     p.add_argument("--zero-cost-fallback", action="store_true",
                    help="no draft work at K_step=0 (default: vLLM today, first pass still runs)")
     p.add_argument("--decode-only", action="store_true",
@@ -137,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     opts = dict(gpu=a.gpu, draft_at_k0=not a.zero_cost_fallback, warmup=a.warmup,
                 measure=a.measure, min_window=a.min_window, noise=a.noise,
                 arrival_rate=a.arrival_rate,
-                tp=a.tp, prefill=not a.decode_only)
+                tp=a.tp, prefill=not a.decode_only, realism=not a.ideal_clock,
+                cold_steps=a.cold_steps)
 
     if a.record_trace is not None:
         spec = CellSpec(a.setup[0], a.scenarios[0], "static-8", a.concurrency[0], 0, **opts)
@@ -170,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     meta = meta_for(argv, {"seeds": a.seeds, "warmup": a.warmup, "measure": a.measure,
                            "min_window": a.min_window,
                            "gpu": a.gpu, "draft_at_k0": not a.zero_cost_fallback,
-                           "prefill": not a.decode_only, "arrival_rate": a.arrival_rate},
+                           "prefill": not a.decode_only, "arrival_rate": a.arrival_rate,
+                           "realism": not a.ideal_clock, "cold_steps": a.cold_steps},
                     time.time() - t0)
     meta["controller_sha"], meta["git"] = sha_start, git_start
     if controller_sha() != sha_start:

@@ -22,6 +22,11 @@ decoding request.  ``draft_at_k0`` says whether the first pass also runs when
 skipped (the "zero-cost fallback" variant).  Plain decoding (no speculative
 config at all) never runs the draft.
 
+On a GPU every pass runs as a CUDA graph padded to the next of vLLM's
+default capture sizes (``vllm_capture_sizes``): the weight GEMMs compute the
+padded rows, so step times are step functions of the token count up to the
+largest captured size (512); past it a pass runs unpadded.
+
 Nothing here imports vLLM or the controller.
 """
 
@@ -47,8 +52,9 @@ class Device:
     pass_overhead_s: float  # per draft forward
     layer_overhead_s: float  # per layer per forward (kernel launch not hidden)
     allreduce_s: float  # one all-reduce of activations between TP ranks
-    platform: str  # the controller's prior: "cuda" or "cpu"
+    platform: str  # "cuda" or "cpu"
     source: str = ""
+    cuda_graphs: bool = False  # passes padded to vLLM's capture sizes
 
 
 # Vendor figures: NVIDIA H100 / H200 product pages and datasheets (SXM form
@@ -63,6 +69,7 @@ _GPU_ASSUMPTIONS = dict(
     layer_overhead_s=0.0,
     allreduce_s=7e-6,
     platform="cuda",
+    cuda_graphs=True,
 )
 
 DEVICES: dict[str, Device] = {
@@ -172,9 +179,7 @@ class ModelShape:
 
     def scheduler_size_estimate(self) -> float:
         """The parameter estimate the plugin's scheduler makes from an HF
-        config (``scheduler._approx_params``), which sets the draft/target
-        ratio of the controller's cost prior; mirrored here so the simulated
-        controller starts from the prior the real one would."""
+        config (``scheduler._approx_params``)."""
         h = self.hidden
         return float(self.layers * (4 * h * h + 3 * h * self.intermediate) + self.vocab * h)
 
@@ -239,8 +244,15 @@ class Setup:
     workload: Workload = field(default_factory=Workload)
     max_k: int = 8
     draft_at_k0: bool = True  # vLLM today; False = zero-cost fallback
-    noise: float = 0.03  # lognormal sigma of measured step times
-    max_concurrency: int = 512
+    noise: float = 0.05  # lognormal sigma of measured step times
+    max_concurrency: int = 512  # max_num_seqs of the simulated engine
+
+    def capture_sizes(self, speculative: bool = True) -> tuple[int, ...] | None:
+        """vLLM's default CUDA-graph capture sizes for this engine (None: eager)."""
+        if not self.device.cuda_graphs:
+            return None
+        return vllm_capture_sizes(1 + self.max_k if speculative else 1, self.max_concurrency,
+                                  self.workload.max_batched_tokens)
 
     @property
     def label(self) -> str:
@@ -260,6 +272,31 @@ class Setup:
             - self.draft.weight_bytes
         per_tok = self.target.kv_bytes_per_token + self.draft.kv_bytes_per_token
         return max(free, 0.0) / per_tok
+
+
+def vllm_capture_sizes(query_len: int, max_num_seqs: int, max_batched_tokens: int,
+                       limit: int = 512) -> tuple[int, ...]:
+    """``VllmConfig._set_cudagraph_sizes`` with nothing configured (vLLM 0.32).
+
+    1, 2, 4, multiples of 8 below 256 and multiples of 16 from 256 up to the
+    largest size, ``min(512, max_num_seqs * query_len * 2)``; with
+    speculative decoding (``query_len = 1 + num_speculative_tokens``) also
+    every uniform decode size ``n * query_len`` for request counts ``n`` on
+    the same grid, within that largest size.
+    """
+    top = min(limit, max_num_seqs * query_len * 2, max_batched_tokens)
+
+    def grid(hi: int) -> list[int]:
+        return [n for n in (1, 2, 4) if n <= hi] + list(range(8, min(hi + 1, 256), 8)) \
+            + list(range(256, hi + 1, 16))
+
+    sizes = set(grid(top))
+    if query_len > 1:
+        reqs = min(max_num_seqs, limit)
+        sizes |= {n * query_len for n in set(grid(reqs)) | {reqs} if n * query_len <= top}
+    elif max_num_seqs <= top:
+        sizes.add(max_num_seqs)
+    return tuple(sorted(sizes))
 
 
 def default_tp(device: Device, target: ModelShape) -> int:
@@ -306,10 +343,15 @@ def make_setup(key: str, gpu: str = "h200", draft_at_k0: bool = True,
 
 
 class StepCost:
-    """Seconds of one engine step, from what the step does."""
+    """Seconds of one engine step, from what the step does (noise-free).
+
+    Padding follows the engine: a speculative engine captures its uniform
+    decode sizes as well as the plain grid (``Setup.capture_sizes``)."""
 
     def __init__(self, setup: Setup) -> None:
         self.setup = setup
+        self.pads = {spec: (None if p is None else np.asarray(p, dtype=np.float64))
+                     for spec in (True, False) for p in [setup.capture_sizes(spec)]}
         d = setup.device
         self.bw = setup.tp * d.mem_bandwidth * d.bw_efficiency
         self.fl = setup.tp * d.peak_flops * d.flops_efficiency
@@ -319,18 +361,30 @@ class StepCost:
         self.draft_fixed = d.pass_overhead_s + q.layers * (d.layer_overhead_s + comm)
 
     # -- one pass, vectorised over candidate plans ---------------------------
-    def _pass(self, model: ModelShape, fixed: float, tokens, kv_read_tokens, pairs):
+    def padded(self, tokens, speculative: bool = True):
+        """Tokens a pass computes: the next capture size, unpadded past the last."""
+        pads = self.pads[speculative]
+        if pads is None:
+            return tokens
+        t = np.asarray(tokens, dtype=np.float64)
+        idx = np.searchsorted(pads, t)
+        return np.where(idx < pads.size, pads[np.minimum(idx, pads.size - 1)], t)
+
+    def _pass(self, model: ModelShape, fixed: float, tokens, kv_read_tokens, pairs,
+              speculative: bool):
         bytes_ = (model.weight_bytes + (np.asarray(kv_read_tokens) + tokens)
                   * model.kv_bytes_per_token)
-        flops = np.asarray(tokens) * model.flops_per_token + np.asarray(pairs) \
-            * model.attn_flops_per_pair
+        flops = np.asarray(self.padded(tokens, speculative)) * model.flops_per_token \
+            + np.asarray(pairs) * model.attn_flops_per_pair
         return np.maximum(bytes_ / self.bw, flops / self.fl) + fixed
 
-    def target_pass(self, tokens, kv_read_tokens, pairs):
-        return self._pass(self.setup.target, self.target_fixed, tokens, kv_read_tokens, pairs)
+    def target_pass(self, tokens, kv_read_tokens, pairs, speculative: bool = True):
+        return self._pass(self.setup.target, self.target_fixed, tokens, kv_read_tokens, pairs,
+                          speculative)
 
     def draft_pass(self, tokens, kv_read_tokens, pairs):
-        return self._pass(self.setup.draft, self.draft_fixed, tokens, kv_read_tokens, pairs)
+        return self._pass(self.setup.draft, self.draft_fixed, tokens, kv_read_tokens, pairs,
+                          True)
 
     def draft_time(self, k_step, tokens, n_decode, kv_read_tokens, pairs, ctx_decode):
         """The proposer's work for a step with ``K_step`` draft positions.
@@ -353,12 +407,16 @@ class StepCost:
     # -- a whole step -------------------------------------------------------
     def step(self, ctx_decode: np.ndarray, k: np.ndarray, k_step: int,
              prefill_ctx: np.ndarray | None = None, prefill_chunk: np.ndarray | None = None,
-             speculative: bool = True) -> float:
+             speculative: bool = True, draft_batch: int | None = None,
+             draft_ctx: float | None = None) -> float:
         """One step: decoding requests with contexts ``ctx_decode`` verify
         ``k`` drafts each; prefill chunks ``prefill_chunk`` after
-        ``prefill_ctx`` tokens already cached.  ``speculative=False`` is plain
-        decoding (no speculative config: no draft work at all)."""
-        n_dec = len(ctx_decode)
+        ``prefill_ctx`` tokens already cached; the proposer then runs
+        ``k_step`` draft positions for ``draft_batch`` requests (default:
+        the decoding ones) whose contexts sum to ``draft_ctx``.
+        ``speculative=False`` is plain decoding (no speculative config: no
+        draft work at all)."""
+        n_dec = len(ctx_decode) if draft_batch is None else draft_batch
         q = 1 + k
         tokens = float(q.sum())
         ctx_sum = float(ctx_decode.sum())
@@ -369,9 +427,10 @@ class StepCost:
             kv += float(prefill_ctx.sum())
             c = prefill_chunk
             pairs += float((c * prefill_ctx + c * (c + 1) / 2).sum())
-        t = float(self.target_pass(tokens, kv, pairs))
+        t = float(self.target_pass(tokens, kv, pairs, speculative))
         if speculative:
-            t += float(self.draft_time(k_step, tokens, n_dec, kv, pairs, ctx_sum))
+            t += float(self.draft_time(k_step, tokens, n_dec, kv, pairs,
+                                       ctx_sum if draft_ctx is None else draft_ctx))
         return t
 
     # -- analytic helpers (tests, crossover, vLLM's batch table) --------------
@@ -476,11 +535,14 @@ def describe(setup: Setup) -> dict:
                        "decay": setup.acceptance.decay},
         "max_k": setup.max_k,
         "noise_sigma": setup.noise,
+        "capture_sizes": (None if setup.capture_sizes() is None
+                          else f"{len(setup.capture_sizes())} sizes up to "
+                               f"{setup.capture_sizes()[-1]}"),
         "kv_capacity_tokens": int(setup.kv_capacity_tokens()),
         "max_concurrency_in_kv": int(setup.kv_capacity_tokens()
                                      // (setup.workload.prompt_median
                                          + setup.workload.output_median)),
-        "prior_draft_size_ratio": round(setup.draft_size_ratio(), 4),
+        "draft_size_ratio": round(setup.draft_size_ratio(), 4),
         "ridge_tokens": round(_ridge_tokens(setup), 1),
     }
 

@@ -4,23 +4,31 @@ Each step, like vLLM's scheduler with the plugin:
 
 1. admit requests into free slots (closed loop: a finished request is
    replaced at once; or Poisson arrivals into at most ``concurrency`` slots);
-   a new request prefills in chunks within the step's token budget;
-2. ask the policy for ``K_step`` and ``k_r`` for the decoding requests
-   (the real ``SpecController.plan`` for ``heuristic``/``goodput``, with
-   ``base_tokens`` = decode + prefill tokens, as the scheduler passes it);
-3. draw how many of each request's ``k_r`` drafts are accepted from the
+   a new request prefills in chunks within the step's token budget, which
+   the drafts to verify count against;
+2. schedule each decoding request's token plus the drafts planned for it in
+   the previous step, and the prefill chunks;
+3. ask the policy for the next step's plan: ``K_step`` (the proposer's
+   draft positions, run at the end of *this* step) and ``k_r`` (drafts kept
+   for each request, verified in the *next* step), for the requests that
+   decode next step (those decoding now and those whose prefill completes
+   now).  The real ``SpecController.plan`` gets ``base_tokens`` = decode +
+   prefill tokens, as the scheduler passes it;
+4. draw how many of each request's verified drafts are accepted from the
    scenario's acceptance process;
-4. advance the clock by the step-cost model's time for that step, times
-   lognormal noise (mean 1), and emit ``accepted + 1`` tokens per request
-   (never more than it still needs);
-5. feed the controller exactly what the scheduler feeds it:
-   ``observe_verification(req, drafted, accepted)`` per request that drafted,
+5. advance the clock by the step-cost model's time for that step (the
+   target over every scheduled token, then the proposer's ``K_step``
+   passes) on the engine's ``StepClock`` (cold first steps of new shapes,
+   rare stalls, lognormal noise), and emit ``accepted + 1`` tokens per
+   request (never more than it still needs);
+6. feed the controller exactly what the scheduler feeds it:
+   ``observe_verifications`` for the requests that verified drafts,
    ``observe_step(scheduled requests, scheduled tokens incl. drafts, K_step,
-   seconds)``; ``finish_request`` for finished requests.
+   seconds, catch-up tokens)``; ``finish_request`` for finished requests.
 
-One simplification against vLLM: there the drafts verified in a step were
-proposed at the end of the previous one, so a decision acts one step later;
-here a step proposes and verifies its own drafts.
+The controller starts from a ``StepProfile`` measured on the same engine
+before serving (``sim.profile.measure_profile``), which warms the shapes it
+times.
 
 ``run_cell(CellSpec)`` is a pure function of its spec (setup, scenario,
 policy, concurrency, seed, options): same spec, same result dict, in any
@@ -34,7 +42,8 @@ from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
-from vllm_specplug.controller import ControllerSettings, CostPrior, SpecController
+from vllm_specplug.controller import ControllerSettings, SpecController, StepProfile
+from vllm_specplug.sim.clock import Realism, StepClock
 from vllm_specplug.sim.cost import (
     Setup,
     StepCost,
@@ -43,6 +52,7 @@ from vllm_specplug.sim.cost import (
     table_lookup,
     typical_context,
 )
+from vllm_specplug.sim.profile import measure_profile
 from vllm_specplug.sim.scenarios import RequestSpec, make_scenario
 from vllm_specplug.sim.trace import Trace, TraceRequest
 
@@ -69,10 +79,14 @@ class CellSpec:
     arrival_rate: float | None = None  # requests/s; None: closed loop
     tp: int | None = None
     prefill: bool = True  # False: prompts arrive already cached (decode-only steps)
+    realism: bool = True  # False: no cold first steps and no stalls (noise only)
+    cold_steps: int = 2  # slow first steps of each new step shape (see clock.Realism)
 
     def key(self) -> str:
         return (f"{self.setup}/{self.gpu}/{'today' if self.draft_at_k0 else 'zero'}/"
                 f"{'' if self.prefill else 'decode-only/'}"
+                f"{'' if self.realism else 'ideal/'}"
+                f"{'' if self.cold_steps == 2 else f'cold{self.cold_steps}/'}"
                 f"{self.scenario}/{self.policy}/c{self.concurrency}/s{self.seed}")
 
 
@@ -121,14 +135,18 @@ class Table(Policy):
 
 
 class Controller(Policy):
-    """The real controller, driven as the scheduler drives it."""
+    """The real controller, driven as the scheduler drives it, from a
+    profile measured on the engine (``profile``) or measured here."""
 
-    def __init__(self, setup: Setup, policy: str, static_k: int | None = None) -> None:
-        prior = CostPrior.for_platform(setup.device.platform, "model", setup.draft_size_ratio(),
-                                       draft_runs_at_k0=setup.draft_at_k0)
+    def __init__(self, setup: Setup, policy: str, static_k: int | None = None,
+                 profile: StepProfile | None = None, rng: np.random.Generator | None = None,
+                 clock: StepClock | None = None) -> None:
+        if profile is None:
+            profile = measure_profile(setup, rng if rng is not None else np.random.default_rng(0),
+                                      clock)
         self.controller = SpecController(
             ControllerSettings(max_k=setup.max_k, policy=policy, static_k=static_k),
-            cost_prior=prior)
+            profile=profile)
         self.max_k = setup.max_k
         self.violations = 0
 
@@ -147,21 +165,22 @@ class Controller(Policy):
 
 
 class Oracle(Policy):
-    """Best action per step given the *true* acceptance probabilities and
+    """Best plan per step given the *true* acceptance probabilities and
     the true (noise-free) cost model.
 
     For every K_step the slots are taken in order of true survival and every
-    prefix is evaluated.  Steps differ (prefill chunks, contexts), so the
-    best *per-step ratio* is not the best long-run throughput: a slow
-    prefill-heavy step would take any draft that beats its own low ratio.
-    The oracle therefore maximises expected tokens - lambda * seconds
-    (Dinkelbach's method), with lambda its own *decode* throughput so far:
-    tokens over step time minus the time the step's prefill chunks added.
-    In a closed loop every output token brings the same prefill work
-    whatever the policy, so the long-run rate is maximal exactly when
-    tokens per decode second is; using the all-in rate instead would let
-    drafts ride on prefill-heavy steps below their worth.  In expectation,
-    not on every draw: an upper bound in spirit, not per realisation.
+    prefix is evaluated, each priced as the step that both verifies it and
+    runs its K_step draft positions (the steady state of the one-step lag).
+    Steps differ (prefill chunks, contexts), so the best *per-step ratio* is
+    not the best long-run throughput: a slow prefill-heavy step would take
+    any draft that beats its own low ratio.  The oracle therefore maximises
+    expected tokens - lambda * seconds (Dinkelbach's method), with lambda its
+    own *decode* throughput so far, reckoned in noise-free seconds: tokens
+    over step time minus the time the step's prefill chunks added.  In a
+    closed loop every output token brings the same prefill work whatever the
+    policy, so the long-run rate is maximal exactly when tokens per decode
+    second is.  In expectation, not on every draw, and blind to the clock's
+    cold steps and stalls: an upper bound in spirit, not per realisation.
     """
 
     def decide(self, engine, dec, base_tokens):
@@ -173,7 +192,7 @@ class Oracle(Policy):
         ctx = engine.ctx[dec].astype(float)
         t0, kv0, pairs0, emit0 = engine.step_base
         ctx_sum = float(ctx.sum())
-        decode_s = engine.total_seconds - engine.total_prefill_seconds
+        decode_s = engine.true_seconds - engine.true_prefill_seconds
         lam = engine.total_tokens / decode_s if decode_s > 0 else None
 
         def score(tokens, secs):
@@ -208,18 +227,21 @@ class Oracle(Policy):
         return int(k.max()), k
 
 
-def make_policy(name: str, setup: Setup) -> Policy:
+def make_policy(name: str, setup: Setup, rng: np.random.Generator | None = None,
+                clock: StepClock | None = None) -> Policy:
+    """``rng`` and ``clock``: the controller's profile measurement (its noise
+    and the engine clock it warms)."""
     if name == "plain":
         return Plain()
     if name.startswith("static-"):
         return Static(int(name.split("-", 1)[1]))
     if name.startswith("ctrl-static-"):  # the controller's own static path
-        return Controller(setup, "static", int(name.rsplit("-", 1)[1]))
+        return Controller(setup, "static", int(name.rsplit("-", 1)[1]), rng=rng, clock=clock)
     if name == "table":
         return Table(batch_table(setup, typical_context(setup), [setup.max_concurrency]),
                      setup.max_k)
     if name in CONTROLLER_POLICIES:
-        return Controller(setup, name)
+        return Controller(setup, name, rng=rng, clock=clock)
     if name == "oracle":
         return Oracle()
     raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}, ctrl-static-K")
@@ -235,6 +257,7 @@ class Metrics:
     drafted: int = 0
     accepted: int = 0
     sum_k_step: int = 0
+    planned_request_steps: int = 0
     fallback_request_steps: int = 0
     finished: int = 0
     prefill_tokens: int = 0
@@ -250,11 +273,18 @@ class Engine:
         scenario = make_scenario(spec.scenario)
         warm = 0 if spec.arrival_rate or source is not None else cap
         self.src, self.acc = scenario.make(setup, cap, lambda p: _seed(spec, p), warm, source)
-        self.noise_rng = _seed(spec, "noise")
         self.arrival_rng = _seed(spec, "arrivals")
         self.noise = setup.noise if spec.noise is None else spec.noise
-        self.policy = make_policy(spec.policy, setup)
+        self.timer = StepClock(Realism.for_setup(self.noise, spec.realism, spec.cold_steps),
+                               _seed(spec, "noise"), _seed(spec, "stalls"))
+        self.policy = make_policy(spec.policy, setup, _seed(spec, "profile"), self.timer)
+        if isinstance(self.policy, Oracle):
+            # The oracle runs on an engine warmed as the plugin's start-up
+            # warms it (it plans blind to cold shapes).
+            measure_profile(setup, _seed(spec, "profile"), self.timer)
         self.active = np.zeros(cap, dtype=bool)
+        # Drafts planned for each slot in the previous step, verified in this one.
+        self.pending = np.zeros(cap, dtype=np.int64)
         self.prompt = np.zeros(cap, dtype=np.int64)
         self.prefilled = np.zeros(cap, dtype=np.int64)
         self.ctx = np.zeros(cap, dtype=np.int64)
@@ -262,6 +292,9 @@ class Engine:
         # Zero-cost fallback: tokens of each request the draft model skipped
         # (K_step=0 steps) and must catch up on before it drafts again.
         self.draft_gap = np.zeros(cap, dtype=np.int64)
+        # ... and as the scheduler counts them for the controller: the tokens
+        # scheduled in those steps, drafts verified included.
+        self.told_gap = np.zeros(cap, dtype=np.int64)
         self.catchup_pending = 0
         self._catchup_slots, self._catchup_cost = np.zeros(0, dtype=np.int64), 0.0
         self.order = np.zeros(cap, dtype=np.int64)  # admission order (FIFO prefill)
@@ -273,7 +306,10 @@ class Engine:
         self.clock = 0.0
         self.total_tokens = 0
         self.total_seconds = 0.0
-        self.total_prefill_seconds = 0.0
+        # Noise-free seconds so far, and what prefill chunks added to them
+        # (the oracle's own decode throughput is reckoned from these).
+        self.true_seconds = 0.0
+        self.true_prefill_seconds = 0.0
         self.step_index = 0
         self.completions: list[tuple[int, float, int]] = []  # (step, clock, tokens so far)
         self.window = (0.0, 0, 0)
@@ -313,6 +349,8 @@ class Engine:
             self.ctx[slot] = 0
         self.left[slot] = spec.output
         self.draft_gap[slot] = 0
+        self.told_gap[slot] = 0
+        self.pending[slot] = 0
         self.acc.start(slot, spec)
         if self.policy.controller is not None:
             self.policy.controller.add_request(name)
@@ -328,6 +366,7 @@ class Engine:
     def _finish(self, slot: int) -> None:
         name = self.names[slot]
         self.active[slot] = False
+        self.pending[slot] = 0
         self.finish_times[name] = self.clock
         if self.policy.controller is not None:
             self.policy.controller.finish_request(name)
@@ -355,8 +394,9 @@ class Engine:
         setup, cost = self.setup, self.cost
         prefilling = self.active & (self.prefilled < self.prompt)
         dec = np.flatnonzero(self.active & ~prefilling)
+        verify = self.pending[dec]  # drafts planned last step, verified now
         pre = np.flatnonzero(prefilling)
-        budget = max(setup.workload.max_batched_tokens - len(dec), 0)
+        budget = max(setup.workload.max_batched_tokens - len(dec) - int(verify.sum()), 0)
         chunks = np.zeros(len(pre), dtype=np.int64)
         if len(pre):
             pre = pre[np.argsort(self.order[pre], kind="stable")]
@@ -369,6 +409,8 @@ class Engine:
             return False
         pctx = self.prefilled[pre].astype(float)
         completing = (self.prefilled[pre] + chunks) >= self.prompt[pre]
+        # The requests that decode next step: the plan is for them.
+        planned = np.concatenate((dec, pre[completing]))
         # What a step costs before any draft is added (for the oracle).
         ctx_dec = self.ctx[dec].astype(float)
         t0 = float(len(dec) + chunks.sum())
@@ -377,38 +419,38 @@ class Engine:
         emit0 = float(len(dec) + completing.sum())
         self.step_base = (t0, kv0, pairs0, emit0)
         base_tokens = int(t0)
-        catchup_slots = np.concatenate((dec, pre))
+        scheduled = np.concatenate((dec, pre))
         zero_cost = self.policy.speculative and not setup.draft_at_k0
-        self.catchup_pending = int(self.draft_gap[catchup_slots].sum()) if zero_cost else 0
+        self.catchup_pending = int(self.told_gap[scheduled].sum()) if zero_cost else 0
         # Priced on first use (the oracle, or a step that drafts): most
         # steps in fallback do neither.
-        self._catchup_slots, self._catchup_cost = catchup_slots, None
+        self._catchup_slots, self._catchup_cost = scheduled, None
 
-        k_step, k = self.policy.decide(self, dec, base_tokens)
-        accepted = self.acc.draw(dec, k)
-        seconds = cost.step(ctx_dec, k, k_step, pctx, chunks.astype(float),
-                            speculative=self.policy.speculative)
+        k_step, k = self.policy.decide(self, planned, base_tokens)
+        accepted = self.acc.draw(dec, verify)
+        spec = self.policy.speculative
+        tokens_scheduled = base_tokens + int(verify.sum())
+        draft_ctx = float(self.ctx[planned].sum())
+        seconds = cost.step(ctx_dec, verify, k_step, pctx, chunks.astype(float),
+                            speculative=spec, draft_batch=len(planned), draft_ctx=draft_ctx)
         catchup = 0
-        if zero_cost:
-            if k_step > 0:
-                # The draft runs over what it skipped before it drafts (as
-                # the plugin's zero-cost fallback does), then drafts.
-                catchup = self.catchup_pending
-                seconds += self.catchup_cost
-                self.draft_gap[catchup_slots] = 0
-            else:
-                self.draft_gap[dec] += 1
-                self.draft_gap[pre] += chunks
-        if self.noise > 0:
-            z = float(self.noise_rng.standard_normal())
-            seconds *= float(np.exp(self.noise * z - 0.5 * self.noise ** 2))
+        if zero_cost and k_step > 0:
+            # The draft runs over what it skipped before it drafts (as the
+            # plugin's zero-cost fallback does), then drafts.
+            catchup = self.catchup_pending
+            seconds += self.catchup_cost
+            self.draft_gap[scheduled] = 0
+            self.told_gap[scheduled] = 0
+        true_seconds = seconds
+        seconds = self.timer.seconds(true_seconds, tokens_scheduled, spec and k_step > 0)
         self.clock += seconds
         self.total_seconds += seconds
+        self.true_seconds += true_seconds
         if len(pre) and isinstance(self.policy, Oracle):
-            without = cost.step(ctx_dec, k, k_step, speculative=self.policy.speculative)
-            true = cost.step(ctx_dec, k, k_step, pctx, chunks.astype(float),
-                             speculative=self.policy.speculative)
-            self.total_prefill_seconds += seconds * (1.0 - without / true)
+            without = cost.step(ctx_dec, verify, k_step, speculative=spec,
+                                draft_batch=len(planned), draft_ctx=draft_ctx)
+            self.true_prefill_seconds += max(true_seconds - self.catchup_cost_if(catchup)
+                                             - without, 0.0)
 
         emitted = np.minimum(accepted + 1, self.left[dec])
         self.ctx[dec] += accepted + 1
@@ -420,17 +462,27 @@ class Engine:
         self.ctx[done_pre] += 1
         tokens = int(emitted.sum()) + len(done_pre)
         self.total_tokens += tokens
+        if zero_cost and k_step == 0:
+            # The draft skipped this step: it owes the tokens that entered
+            # the context.
+            self.draft_gap[dec] += accepted + 1
+            self.draft_gap[pre] += chunks + completing
+            self.told_gap[dec] += 1 + verify
+            self.told_gap[pre] += chunks
+        self.pending[scheduled] = 0
+        self.pending[planned] = np.minimum(k, k_step) if spec else 0
 
         ctrl = self.policy.controller
         if ctrl is not None:
-            names = self.names
-            for s, kk, a in zip(dec.tolist(), k.tolist(), accepted.tolist()):
-                if kk > 0:
-                    ctrl.observe_verification(names[s], kk, a)
-            ctrl.observe_step(len(dec) + len(pre), base_tokens + int(k.sum()), k_step, seconds,
-                              catchup)
+            drafted = verify > 0
+            if drafted.any():
+                names = self.names
+                ctrl.observe_verifications([names[s] for s in dec[drafted].tolist()],
+                                           verify[drafted].tolist(),
+                                           accepted[drafted].tolist())
+            ctrl.observe_step(len(scheduled), tokens_scheduled, k_step, seconds, catchup)
         if self.record:
-            for s, kk, a in zip(dec.tolist(), k.tolist(), accepted.tolist()):
+            for s, kk, a in zip(dec.tolist(), verify.tolist(), accepted.tolist()):
                 if kk > 0:
                     self.trace_requests[self.names[s]].records.append((kk, a))
 
@@ -440,11 +492,12 @@ class Engine:
             m.seconds += seconds
             m.tokens += tokens
             m.decode_request_steps += len(dec)
-            m.drafted += int(k.sum())
+            m.drafted += int(verify.sum())
             m.accepted += int(accepted.sum())
             m.sum_k_step += k_step
             m.prefill_tokens += int(chunks.sum())
-            if self.policy.speculative:
+            if spec:
+                m.planned_request_steps += len(planned)
                 m.fallback_request_steps += int((k == 0).sum())
 
         self.acc.advance(dec, accepted + 1)
@@ -460,12 +513,15 @@ class Engine:
                 self._admit(s)
         return True
 
+    def catchup_cost_if(self, catchup: int) -> float:
+        return self.catchup_cost if catchup else 0.0
+
     @property
     def catchup_cost(self) -> float:
         """Seconds of this step's draft catch-up, were it to draft (0 when none is pending)."""
         if self._catchup_cost is None:
             self._catchup_cost = (self._catchup_seconds(self._catchup_slots)
-                                  if self.catchup_pending else 0.0)
+                                  if self.draft_gap[self._catchup_slots].any() else 0.0)
         return self._catchup_cost
 
     def _catchup_seconds(self, slots: np.ndarray) -> float:
@@ -538,7 +594,7 @@ def _result(spec: CellSpec, engine: Engine) -> dict:
         "mean_k_step": m.sum_k_step / max(m.steps, 1),
         "mean_k": m.drafted / max(m.decode_request_steps, 1),
         "acceptance": m.accepted / m.drafted if m.drafted else None,
-        "fallback_frac": (m.fallback_request_steps / max(m.decode_request_steps, 1)
+        "fallback_frac": (m.fallback_request_steps / max(m.planned_request_steps, 1)
                           if engine.policy.speculative else None),
         "finished": m.finished,
         "mean_decode_batch": m.decode_request_steps / max(m.steps, 1),
@@ -547,11 +603,19 @@ def _result(spec: CellSpec, engine: Engine) -> dict:
     }
     if ctrl is not None:
         st = ctrl.stats
+        corr = ctrl.pricer.correction
         out["controller"] = {
             "probes_sent": st.probes_sent, "probes_succeeded": st.probes_succeeded,
             "recoveries": st.recoveries,
             "invariant_violations": engine.policy.violations,
+            # The profile's correction in the buckets the window's steps used
+            # most: (drafting, band) -> ratio of measured to profiled time.
+            "correction": {f"{'draft' if d else 'plain'}/{1 << b}":
+                           round(float(np.exp(corr._log[int(d), b])), 3)
+                           for d in (False, True) for b in range(corr.BANDS)
+                           if corr._log[int(d), b] != 0.0},
         }
+    out["clock"] = {"cold_steps": engine.timer.cold_steps_run, "stalls": engine.timer.stalls}
     return out
 
 

@@ -199,16 +199,24 @@ def markdown(meta: dict, setups: dict, agg: dict, summary: dict, tables: dict,
              f"mean of {meta['seeds']} seed(s); each cell measured between request "
              f"completions: after {meta['warmup']} generation(s) of `concurrency` requests, "
              f"over the next {meta['measure']} (at least {meta['min_window']} completions).")
+    if meta.get("realism", True):
+        L.append("Clock: lognormal noise, 0.5% of steps stalled 5x, the first "
+                 f"{meta.get('cold_steps', 2)} steps of each new step shape (drafting or not, "
+                 "power-of-two band of scheduled tokens) 3x; the controller's profile "
+                 "measurement (and the oracle's engine) warms the shapes it times.")
+    else:
+        L.append("Clock: lognormal noise only (no cold first steps, no stalls).")
     L.append("")
     L.append("| setup | device | TP | target (GB read/pass) | draft (GB read/pass) | "
-             "KV/token target | ridge (tokens/pass) | K=0 draft pass | requests in KV |")
-    L.append("|---|---|---|---|---|---|---|---|---|")
+             "KV/token target | ridge (tokens/pass) | K=0 draft pass | CUDA graphs | "
+             "requests in KV |")
+    L.append("|---|---|---|---|---|---|---|---|---|---|")
     for key, d in setups.items():
         L.append(f"| {key} | {d['device']} | {d['tp']} | {d['target']} "
                  f"({d['target_weight_gb_read_per_pass']}) | {d['draft']} "
                  f"({d['draft_weight_gb_read_per_pass']}) | {d['target_kv_kib_per_token']} KiB | "
                  f"{d['ridge_tokens']} | {'runs (today)' if d['draft_at_k0'] else 'skipped'} | "
-                 f"{d['max_concurrency_in_kv']} |")
+                 f"{d.get('capture_sizes') or 'eager'} | {d['max_concurrency_in_kv']} |")
     L.append("")
     L.append("Requests in KV: how many full-length requests (prompt + output) the KV cache "
              "holds at 90% memory; rows marked † exceed it (vLLM would cap the running batch "
