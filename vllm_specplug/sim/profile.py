@@ -6,6 +6,8 @@ procedure on its own engine and clock, with the plugin's constants
 (``WARMUP``, ``REPEATS`` .. ``MAX_REPEATS``, ``SHAPE_S``, ``PROMPT_TOKENS``,
 ``BUDGET_S``, ``robust_median``):
 
+- one dummy request runs two untimed steps of each kind first (plain,
+  verifying K drafts, K_step 1, K_step K);
 - dummy requests of ``PROMPT_TOKENS`` prompt tokens are added and
   prefilled (untimed steps, which still warm their shapes); each later step
   adds one token to every context (the placeholder drafts are rejected);
@@ -130,6 +132,11 @@ def measure_profile(setup: Setup, rng: np.random.Generator,
     max_batch = max(1, setup.max_concurrency)
     token_budget = setup.workload.max_batched_tokens
     bench = _Bench(setup, timer)
+    # Untimed warm-up steps of each kind before the first shape, as the
+    # plugin runs them.
+    bench.add(1)
+    for k_step, drafts in ((0, 0), (0, k), (1, 0), (k, k)) * 2:
+        bench.step(k_step, drafts)
     target: dict[int, list[float]] = {}
     first: dict[int, list[float]] = {}
     passes: dict[int, float] = {}
