@@ -615,16 +615,22 @@ def test_a_drafting_price_set_by_slow_warm_up_steps_does_not_keep_drafting_off(s
     assert corr._log.max() <= corr.step * 4  # a few correction steps, not the slowdown
 
 
-def test_k_never_exceeds_ceilings_or_k_step():
+POLICY_SETTINGS = [("goodput", None), ("static", 3), ("static", 9), ("heuristic", None)]
+
+
+@pytest.mark.parametrize("policy,static_k", POLICY_SETTINGS)
+def test_k_never_exceeds_ceilings_or_k_step(policy, static_k):
     # Random traffic: requests arriving and leaving, ceilings from 0 to
     # max_k (and changed mid-flight), per-plan caps (tokens left before
     # max_tokens), prefill chunks, pinned K_step now and then, catch-ups,
-    # acceptance turning, timing noise and garbage.
+    # acceptance turning, timing noise and garbage.  Every policy holds
+    # k[r] <= K_step <= max_k, a pinned K_step below its own K included.
     max_k = 6
     rng = np.random.default_rng(6)
     profiles = (GPU_LIKE, CPU_BOUND, tiny_serve_profile(), prior_profile("cuda", 0.05, 512, 64))
     for profile in profiles:
-        ctrl = SpecController(ControllerSettings(max_k=max_k), profile)
+        ctrl = SpecController(ControllerSettings(max_k=max_k, policy=policy, static_k=static_k),
+                              profile)
         live, ceilings, next_id, previous = {}, {}, 0, {}
         for step in range(250):
             while len(live) < 12 or rng.random() < 0.1:

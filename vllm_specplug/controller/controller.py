@@ -91,7 +91,7 @@ class SpecController:
         self.pricer = StepPricer(profile, ProfileCorrection())
         self.goodput = GoodputPolicy(min_gain=settings.min_gain)
         static_k = settings.max_k if settings.static_k is None else settings.static_k
-        self.static = StaticPolicy(static_k)
+        self.static = StaticPolicy(min(static_k, settings.max_k))
         self.heuristic = HeuristicPolicy(initial_k=settings.max_k, max_k=settings.max_k)
         self._row_of = self.estimator._rows  # req_id -> row, owned by the estimator
         self._last_ids: list[str] | None = None

@@ -201,8 +201,9 @@ class StaticPolicy:
         self.k = k
 
     def decide(self, ceilings: np.ndarray, fixed_k_step: int | None = None) -> Decision:
-        k = np.minimum(ceilings, self.k)
         k_step = fixed_k_step if fixed_k_step is not None else self.k
+        # A pinned K_step below K runs fewer draft positions than K.
+        k = np.minimum(ceilings, min(self.k, k_step))
         return Decision(k_step=int(k_step), k=k)
 
 
@@ -239,5 +240,6 @@ class HeuristicPolicy:
         self, rows: np.ndarray, ceilings: np.ndarray, fixed_k_step: int | None = None
     ) -> Decision:
         k = np.minimum(self._k[rows], ceilings)
-        k_step = fixed_k_step if fixed_k_step is not None else int(k.max(initial=0))
-        return Decision(k_step=k_step, k=k)
+        if fixed_k_step is None:
+            return Decision(k_step=int(k.max(initial=0)), k=k)
+        return Decision(k_step=fixed_k_step, k=np.minimum(k, fixed_k_step))
