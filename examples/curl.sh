@@ -6,7 +6,7 @@ URL=${1:-http://127.0.0.1:8000}
 if ! curl -sf "$URL/health" >/dev/null; then
   echo "no server at $URL; start one with:" >&2
   echo "  vllm-specplug models fetch qwen-coder-pair" >&2
-  echo "  VLLM_CPU_KVCACHE_SPACE=2 vllm-specplug serve --config configs/qwen-coder-adaptive.yaml" >&2
+  echo "  vllm-specplug serve --config configs/qwen-coder-adaptive.yaml" >&2
   exit 1
 fi
 

@@ -1,7 +1,7 @@
 """The ``openai`` client against ``vllm-specplug serve`` (or ``vllm serve``).
 
     vllm-specplug models fetch qwen-coder-pair
-    VLLM_CPU_KVCACHE_SPACE=2 vllm-specplug serve --config configs/qwen-coder-adaptive.yaml &
+    vllm-specplug serve --config configs/qwen-coder-adaptive.yaml &
     python examples/openai_client.py [--base-url http://127.0.0.1:8000/v1] [--model qwen-coder]
 
 Non-streaming and streaming completions and chat; a per-request ceiling via
@@ -29,7 +29,7 @@ def main() -> None:
     except openai.APIConnectionError:
         sys.exit(f"no server at {args.base_url}; start one with\n"
                  "  vllm-specplug models fetch qwen-coder-pair\n"
-                 "  VLLM_CPU_KVCACHE_SPACE=2 vllm-specplug serve "
+                 "  vllm-specplug serve "
                  "--config configs/qwen-coder-adaptive.yaml")
 
     prompt = "def merge_sorted(a: list[int], b: list[int]) -> list[int]:\n"
