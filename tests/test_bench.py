@@ -110,3 +110,15 @@ def test_mismatches_that_static_k_shares_are_told_apart_from_the_policys():
         False,        # a request no static K got wrong
         False,        # k0 verifies nothing: always the run's failure
         False]        # another workload
+
+
+def test_mismatches_explained_by_static_k_are_one_note_not_an_alarm():
+    from vllm_specplug.bench.__main__ import numerics_note
+    from vllm_specplug.bench.setups import SETUPS
+
+    ms = [dict(setup="qwen", workload="prose", concurrency=1, policy=p, rep=0, requests=[1],
+               also_under_static_k=True) for p in ("static-K4", "goodput", "static-K2")]
+    note = numerics_note(ms, [SETUPS["qwen"]])
+    assert note.count("\n") == 0 and "MISMATCH" not in note
+    assert "3 greedy output(s)" in note and "qwen prose c=1: goodput, static-K2, static-K4" in note
+    assert "bfloat16" in note and "never how they are verified" in note

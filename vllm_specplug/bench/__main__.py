@@ -188,20 +188,40 @@ def main(argv: list[str] | None = None) -> int:
     print(report.markdown(results))
     if mismatches:
         blamed = [m for m in mismatches if not m.get("also_under_static_k")]
-        print(f"[bench] {len(mismatches)} MISMATCH(ES) against plain decoding: see "
-              f"{out / 'results.json'}", file=sys.stderr)
         if blamed:
+            for m in blamed:
+                print(f"[bench] MISMATCH: {m['setup']} {m['workload']} c={m['concurrency']} "
+                      f"{m['policy']} rep {m['rep']}: greedy output differs from plain decoding "
+                      f"in requests {m.get('requests')}", file=sys.stderr)
+            print(f"[bench] {len(blamed)} mismatch(es) not explained by vLLM's own static K: "
+                  f"see {out / 'results.json'}", file=sys.stderr)
             return 1
-        print("[bench] every mismatch is a static K's or on a request that also diverged "
-              "under a static K (vLLM's verification at a fixed K) in the same cell and "
-              "repeat: verification numerics, not the adaptive policy (README, Limitations); "
-              "float32 removes them", file=sys.stderr)
+        print(numerics_note(mismatches, setups), file=sys.stderr)
         return 0
     if compared:
         print(f"[bench] greedy outputs of every policy equal plain decoding. Results in {out}/")
     else:
         print(f"[bench] no plain-engine run: outputs were not compared. Results in {out}/")
     return 0
+
+
+def numerics_note(mismatches: list[dict], setups) -> str:
+    """One paragraph on greedy outputs that differ only where vLLM's static K differs too."""
+    dtypes = {s.name: s.engine_extra.get("dtype", "bfloat16") for s in setups}
+    cells: dict[tuple, set] = {}
+    for m in mismatches:
+        key = (m["setup"], m["workload"], m["concurrency"])
+        cells.setdefault(key, set()).add(m["policy"])
+    where = "; ".join(f"{s} {w} c={c}: {', '.join(sorted(p))}" for (s, w, c), p in
+                      sorted(cells.items()))
+    kinds = sorted({dtypes.get(s, "bfloat16") for s, _, _ in cells})
+    return (f"[bench] Note: {len(mismatches)} greedy output(s) differ from plain decoding "
+            f"({where}). Expected, not a bug: each is vLLM's own static K's, or a request that "
+            f"vLLM's static K also changed in the same cell and repeat. In {'/'.join(kinds)}, "
+            f"verifying K+1 tokens in one pass rounds differently from a one-token step, and "
+            f"a near-tie can then pick another token; the plugin changes which drafts are "
+            f"offered, never how they are verified. In float32 this is much rarer. Details in "
+            f"results.json (\"mismatches\").")
 
 
 class _SetupJob:
@@ -236,10 +256,9 @@ class _SetupJob:
             if ref is None or outs == ref:
                 return
             bad = [i for i, (a, b) in enumerate(zip(outs, ref)) if a != b]
+            # Reported once, explained, at the end (numerics_note).
             mismatches.append(dict(setup=s_name, workload=workload, concurrency=c,
                                    policy=policy, rep=rep, requests=bad))
-            print(f"[bench] MISMATCH: {s_name} {workload} c={c} {policy}: greedy output "
-                  f"differs from plain decoding in requests {bad}", file=sys.stderr, flush=True)
 
         max_c = max(concurrency)
         policies_all = items[0][3] if items else []
