@@ -775,13 +775,12 @@ def test_finished_requests_free_state():
 
 # -- the goodput policy: one decision --------------------------------------------------
 
-def plan_seconds(pricer, batch, base, k_step, n, catchup=0.0):
+def plan_seconds(pricer, batch, base, k_step, n):
     """Decode seconds of a plan as the policy defines them (its docstring).
 
     Plain decoding (K_step = 0): the plain step of the decoding requests.  A
     plan that runs ``k_step`` draft positions and verifies ``n`` drafts: the
-    step's corrected price, with ``1 / CATCHUP_STEPS`` of a pending
-    catch-up, less the prefill chunk's share (profiled plain step with the
+    step's corrected price, less the prefill chunk's share (profiled plain step with the
     chunk minus without it) at the same correction.
     """
     profile, corr = pricer.profile, pricer.correction
@@ -789,12 +788,11 @@ def plan_seconds(pricer, batch, base, k_step, n, catchup=0.0):
         return pricer.seconds(batch, batch, 0)
     tokens = base + n
     prefill = profile.target(base) - profile.target(batch)
-    raw = (profile.step(tokens, batch, k_step)
-           + profile.catchup(catchup) / GoodputPolicy.CATCHUP_STEPS - prefill)
+    raw = profile.step(tokens, batch, k_step) - prefill
     return corr.ratio(tokens, True) * raw
 
 
-def best_rate_by_enumeration(survival, ceilings, base, pricer, fixed_k_step=None, catchup=0.0):
+def best_rate_by_enumeration(survival, ceilings, base, pricer, fixed_k_step=None):
     """The best decode rate over every (K_step, top-n slots) plan.
 
     For a K_step j the slots a plan may admit are those of positions below j
@@ -806,7 +804,6 @@ def best_rate_by_enumeration(survival, ceilings, base, pricer, fixed_k_step=None
     batch, width = survival.shape
     profile, corr = pricer.profile, pricer.correction
     prefill = profile.target(base) - profile.target(batch)
-    share = profile.catchup(catchup) / GoodputPolicy.CATCHUP_STEPS
     js = [fixed_k_step] if fixed_k_step is not None else range(width + 1)
     best = -1.0
     for j in js:
@@ -820,7 +817,7 @@ def best_rate_by_enumeration(survival, ceilings, base, pricer, fixed_k_step=None
             if n == 0 and fixed_k_step is None:
                 continue  # draft passes and nothing to verify: never the plan
             t = base + n
-            seconds = corr.ratio(t, True) * (profile.step(t, batch, j) + share - prefill)
+            seconds = corr.ratio(t, True) * (profile.step(t, batch, j) - prefill)
             best = max(best, (batch + gain) / seconds)
     return best
 
@@ -840,23 +837,21 @@ def random_case(rng):
             corr.observe(float(rng.integers(1, 6000)), bool(rng.random() < 0.5), 1.0,
                          float(rng.lognormal(0.0, 0.5)))
     fixed = int(rng.integers(0, width + 1)) if rng.random() < 0.2 else None
-    catchup = float(rng.integers(1, 2000)) if rng.random() < 0.25 else 0.0
-    return survival, ceilings, base, StepPricer(profile, corr), fixed, catchup
+    return survival, ceilings, base, StepPricer(profile, corr), fixed
 
 
 def test_goodput_argmax_equals_the_enumeration_of_every_plan():
     rng = np.random.default_rng(12)
     drafted = pinned = prefill = padded = 0
     for _ in range(250):
-        survival, ceilings, base, pricer, fixed, catchup = random_case(rng)
+        survival, ceilings, base, pricer, fixed = random_case(rng)
         batch = survival.shape[0]
-        d = GoodputPolicy(min_gain=0.0).decide(survival, ceilings, base, pricer, fixed, catchup)
-        best = best_rate_by_enumeration(survival, ceilings, base, pricer, fixed, catchup)
+        d = GoodputPolicy(min_gain=0.0).decide(survival, ceilings, base, pricer, fixed)
+        best = best_rate_by_enumeration(survival, ceilings, base, pricer, fixed)
         # The decision's own plan, priced independently.
         assert d.predicted_tokens == pytest.approx(
             batch + sum(survival[r, :k].sum() for r, k in enumerate(d.k.tolist())), rel=1e-12)
-        seconds = plan_seconds(pricer, batch, base, d.k_step, int(d.k.sum()),
-                               catchup if d.k_step else 0.0)
+        seconds = plan_seconds(pricer, batch, base, d.k_step, int(d.k.sum()))
         rate = d.predicted_tokens / seconds
         assert rate == pytest.approx(best, rel=1e-9)
         assert (d.k <= np.minimum(ceilings, d.k_step)).all()
@@ -897,11 +892,11 @@ def test_goodput_argmax_is_the_best_of_every_per_request_k():
 def test_goodput_speculates_only_past_min_gain():
     rng = np.random.default_rng(14)
     for _ in range(100):
-        survival, ceilings, base, pricer, _, catchup = random_case(rng)
+        survival, ceilings, base, pricer, _ = random_case(rng)
         batch = survival.shape[0]
         plain = batch / plan_seconds(pricer, batch, base, 0, 0)
-        best = best_rate_by_enumeration(survival, ceilings, base, pricer, None, catchup)
-        d = GoodputPolicy(min_gain=0.05).decide(survival, ceilings, base, pricer, None, catchup)
+        best = best_rate_by_enumeration(survival, ceilings, base, pricer, None)
+        d = GoodputPolicy(min_gain=0.05).decide(survival, ceilings, base, pricer, None)
         assert (d.k_step > 0) == (best >= 1.05 * plain)
         if d.k_step == 0:
             assert not d.k.any() and d.predicted_seconds == pytest.approx(d.plain_seconds)
@@ -947,27 +942,12 @@ def test_goodput_policy_direct_threshold():
     assert d.k.tolist() == [0, 2]
 
 
-def test_catch_up_is_priced_a_share_into_drafting_plans():
-    # Zero-cost fallback: a plan that drafts while the draft is behind first
-    # pays the catch-up over the skipped tokens; it buys CATCHUP_STEPS steps
-    # of speculation, so a plan is charged that share of it.
+def test_a_pending_catch_up_is_reported_not_charged():
+    # Zero-cost fallback: the catch-up over skipped tokens is owed whenever
+    # drafting resumes and only grows in fallback; charged to plans, a
+    # perfect draft would never resume.  It is in the plan's predicted
+    # seconds, and the plan is the one without it.
     profile = tiny_serve_profile()
-    pricer = StepPricer(profile)
-    pol = GoodputPolicy()
-    good = np.tile(0.95 ** np.arange(1, 5), (2, 1))
-    ceilings = np.full(2, 4)
-    plain = pol.decide(good, ceilings, 2.0, pricer)
-    assert plain.k_step > 0
-    modest = pol.decide(good, ceilings, 2.0, pricer, catchup_tokens=64)
-    assert modest.k.tolist() == plain.k.tolist() and modest.k_step == plain.k_step
-    assert modest.predicted_seconds - plain.predicted_seconds == pytest.approx(
-        profile.catchup(64) / GoodputPolicy.CATCHUP_STEPS)
-    # A catch-up of thousands of tokens is not worth one batch's good drafts.
-    huge = pol.decide(good, ceilings, 2.0, pricer, catchup_tokens=20000)
-    assert huge.k_step == 0 and not huge.k.any()
-    # The controller does not charge it: the debt is owed whenever drafting
-    # resumes and only grows in fallback, so a perfect draft would never
-    # resume.  It is in the plan's predicted seconds.
     ctrl = SpecController(ControllerSettings(max_k=4), profile)
     for r in ("a", "b"):
         ctrl.add_request(r)

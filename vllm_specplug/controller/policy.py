@@ -79,13 +79,13 @@ class GoodputPolicy:
     is left out of every plan's seconds, while the drafts are still priced
     at the step's real size.
 
-    With the zero-cost fallback a plan that drafts while the draft model is
-    behind first pays its catch-up over the skipped tokens; a plan is
-    charged ``1 / CATCHUP_STEPS`` of it, the steps of speculation it buys.
+    A zero-cost fallback catch-up is not priced here: it is owed whenever
+    drafting resumes, and charged to plans it would grow with every step in
+    fallback until a request whose drafts turned good never resumed
+    (``SpecController.plan`` adds it to the predicted seconds).
     """
 
     name = "goodput"
-    CATCHUP_STEPS = 8
     MIN_SURVIVAL = 1e-3
 
     def __init__(self, min_gain: float = 0.02) -> None:
@@ -101,7 +101,6 @@ class GoodputPolicy:
         base_tokens: float,
         pricer: StepPricer,
         fixed_k_step: int | None = None,
-        catchup_tokens: float = 0.0,
     ) -> Decision:
         """Best plan for ``survival`` (rows non-increasing along positions).
 
@@ -149,8 +148,6 @@ class GoodputPolicy:
         ratio = corr.ratios_from(int(base), tokens.size, True)
         prefill_p = float(profile.target(base)) - float(profile.target(float(batch)))
         by_n = profile.verify_and_first(tokens) - prefill_p
-        if catchup_tokens > 0:
-            by_n += profile.catchup(catchup_tokens) / self.CATCHUP_STEPS
         passes = (js - 1) * profile.draft_pass(batch)
         # Per K_step (rows) and slot in order (columns), the plan that admits
         # the slots up to it among those at positions below K_step.
