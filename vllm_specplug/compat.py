@@ -8,12 +8,16 @@ crashing inside the engine.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.metadata
+import inspect
 
-# Versions this adapter was written and tested against (scheduler API).
+# Versions this adapter is tested against (CPU build, in CI), and the range
+# whose scheduler, async scheduler, SchedulerOutput, engine core and draft
+# proposer sources were read against what it relies on (0.32 and 0.33).
 TESTED_VLLM = ("0.32.0",)
-SUPPORTED_RANGE = ">=0.32,<0.33"
+SUPPORTED_RANGE = ">=0.32,<0.34"
 
 
 def vllm_version() -> str | None:
@@ -62,10 +66,92 @@ def probe() -> list[str]:
             missing.append("AsyncScheduler")
     except Exception:
         missing.append("vllm.v1.core.sched.async_scheduler")
+    # The parameters the adapter's overrides receive and the profile's
+    # throwaway scheduler passes.
+    wanted = {
+        "add_request": {"request"},
+        "_free_request": {"request", "delay_free_blocks"},
+        "_update_after_schedule": {"scheduler_output"},
+        "update_draft_token_ids": {"draft_token_ids"},
+        "update_from_output": {"scheduler_output", "model_runner_output"},
+        "finish_requests": {"request_ids", "finished_status"},
+        "__init__": {"vllm_config", "kv_cache_config", "structured_output_manager",
+                     "block_size", "hash_block_size", "log_stats"},
+    }
+    for name, want in wanted.items():
+        lack = want - _params(getattr(scheduler, name, None))
+        if lack:
+            missing.append(f"Scheduler.{name}({', '.join(sorted(lack))})")
     try:
         outputs = importlib.import_module("vllm.v1.outputs")
-        if not hasattr(outputs, "DraftTokenIds"):
+        draft_ids = getattr(outputs, "DraftTokenIds", None)
+        if draft_ids is None:
             missing.append("vllm.v1.outputs.DraftTokenIds")
+        elif [f.name for f in dataclasses.fields(draft_ids)][:2] != ["req_ids", "draft_token_ids"]:
+            missing.append("DraftTokenIds(req_ids, draft_token_ids)")
+        for name in ("sampled_token_ids", "req_id_to_index"):
+            if name not in _fields(getattr(outputs, "ModelRunnerOutput", None)):
+                missing.append(f"ModelRunnerOutput.{name}")
     except Exception:
         missing.append("vllm.v1.outputs")
+    try:
+        from vllm import SamplingParams
+        from vllm.v1.request import Request, RequestStatus
+
+        if "block_hasher" not in _params(Request.__init__):
+            missing.append("Request(block_hasher=)")
+        req = Request("specplug-probe", [0], SamplingParams(max_tokens=1), None)
+        for name in ("request_id", "sampling_params", "is_prefill_chunk", "max_tokens",
+                     "num_output_tokens", "spec_token_ids", "num_computed_tokens",
+                     "num_prompt_tokens", "all_token_ids"):
+            if not hasattr(req, name):
+                missing.append(f"Request.{name}")
+        if not hasattr(RequestStatus, "FINISHED_ABORTED"):
+            missing.append("RequestStatus.FINISHED_ABORTED")
+    except Exception as exc:
+        missing.append(f"vllm.v1.request.Request ({exc})")
+    try:
+        config = importlib.import_module("vllm.config.scheduler").SchedulerConfig
+        if not callable(getattr(config, "get_scheduler_cls", None)):
+            missing.append("SchedulerConfig.get_scheduler_cls")
+        if "async_scheduling" not in _fields(config):
+            missing.append("SchedulerConfig.async_scheduling")
+    except Exception:
+        missing.append("vllm.config.scheduler.SchedulerConfig")
     return missing
+
+
+def effective_k_step(scheduler_output) -> int:
+    """Draft positions the workers run for this step.
+
+    vLLM 0.33's V2 runner drafts nothing when ``skip_drafts`` is set (no
+    scheduled request can use drafts), whatever ``num_spec_tokens_to_schedule``
+    says; 0.32 has no such field.
+    """
+    if getattr(scheduler_output, "skip_drafts", False):
+        return 0
+    return int(scheduler_output.num_spec_tokens_to_schedule or 0)
+
+
+def block_hasher_args(vllm_config) -> tuple:
+    """Extra arguments of ``get_request_block_hasher`` as the engine core passes them.
+
+    vLLM 0.33 adds ``num_hash_lookahead_tokens`` (EAGLE-style methods with
+    prefix caching); 0.32 takes two arguments.
+    """
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher
+
+    if "num_hash_lookahead_tokens" in _params(get_request_block_hasher):
+        return (int(getattr(vllm_config, "num_hash_lookahead_tokens", 0) or 0),)
+    return ()
+
+
+def _params(fn) -> set[str]:
+    try:
+        return set(inspect.signature(fn).parameters) - {"self", "cls"}
+    except (TypeError, ValueError):
+        return set()
+
+
+def _fields(cls) -> set[str]:
+    return set(getattr(cls, "__dataclass_fields__", {}) or {})

@@ -164,9 +164,12 @@ class _Bench:
             from vllm.utils.hashing import get_hash_fn_by_name
             from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 
+            from vllm_specplug.compat import block_hasher_args
+
             fn = get_hash_fn_by_name(vllm_config.cache_config.prefix_caching_hash_algo)
             init_none_hash(fn)
-            self.hasher = get_request_block_hasher(hash_block or block, fn)
+            self.hasher = get_request_block_hasher(hash_block or block, fn,
+                                                   *block_hasher_args(vllm_config))
         self.vocab = int(vllm_config.model_config.get_vocab_size())
         self.max_len = int(vllm_config.model_config.max_model_len)
         self.ids: list[str] = []

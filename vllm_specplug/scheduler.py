@@ -34,6 +34,7 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.outputs import DraftTokenIds
 
+from vllm_specplug.compat import effective_k_step
 from vllm_specplug.config import (
     SpecPlugConfig,
     SpecPlugRequestError,
@@ -420,7 +421,7 @@ class _AdaptiveSpecMixin:
         sp.step += 1
         sp.predicted[id(scheduler_output)] = decision.predicted_seconds
         if sp.metrics is not None:
-            sp.metrics.record_step(k_step)
+            sp.metrics.record_step(effective_k_step(scheduler_output))
         if sp.trace is not None:
             sp.trace.plan(sp.step, decision, decoding, sp.controller)
         if sp.is_async:
@@ -494,7 +495,7 @@ class _AdaptiveSpecMixin:
             start = sched_end if sp.last_update_end is None else max(sched_end, sp.last_update_end)
             measured = now - start
             ctrl.observe_step(len(scheduler_output.num_scheduled_tokens), total,
-                              scheduler_output.num_spec_tokens_to_schedule, measured,
+                              effective_k_step(scheduler_output), measured,
                               sp.catchup.pop(id(scheduler_output), 0))
         sp.last_update_end = None if total == 0 or not is_async else now
         if verified is not None and (verified or measured is not None):
