@@ -5,8 +5,10 @@ the API process.  The supported path between them is prometheus_client's
 multiprocess mode: with ``PROMETHEUS_MULTIPROC_DIR`` set (``vllm-specplug
 serve`` sets a fresh one; vLLM itself does with several API servers), every
 process writes its series to files there and vLLM's ``/metrics`` collects
-them.  Without it (the ``LLM`` class in one process) the series live in the
-default registry, which is what ``LLM.get_metrics()`` reads.
+them.  Without it the series live in the default registry: in one process
+(the ``LLM`` class) that is what ``LLM.get_metrics()`` reads, and an engine
+core in a child process (plain ``vllm serve``) also writes them to a
+snapshot that its API server serves (``metrics_bridge``).
 
 Drafted and accepted token counts are vLLM's own (``vllm:spec_decode_*``);
 nothing here duplicates them.  Series, all labelled ``model_name`` and
@@ -103,6 +105,11 @@ class SpecPlugMetrics:
         self.predicted_s = 0.0
         self.measured_s = 0.0
         self.last_flush = 0.0
+        from vllm_specplug.metrics_bridge import SnapshotWriter
+
+        # Plain `vllm serve` without a multiprocess dir: the API server reads
+        # these series from a snapshot (metrics_bridge).
+        self.snapshot = SnapshotWriter.for_this_process(str(engine))
         # Create every labelled child now so the series exist (at 0) from
         # start-up, not from the first event.
         for k in range(max_k + 1):
@@ -165,3 +172,5 @@ class SpecPlugMetrics:
         d = controller.last_decision
         if d is not None and np.isfinite(d.predicted_speedup):
             s["speedup"].labels(**lab).set(d.predicted_speedup)
+        if self.snapshot is not None:
+            self.snapshot.write(s.values())

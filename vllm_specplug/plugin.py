@@ -46,6 +46,12 @@ def register() -> None:
     from vllm_specplug.patches import install_all
 
     _STATE["patches"] = install_all()
+    try:
+        from vllm_specplug import metrics_bridge
+
+        _STATE["metrics_bridge"] = metrics_bridge.register_collector()
+    except Exception as exc:  # metrics must never stop vLLM from starting
+        logger.warning("vllm-specplug: the /metrics bridge is off (%s)", exc)
     logger.info(
         "vllm-specplug: enabled for vLLM %s (pid %d); select it with "
         "--scheduler-cls vllm_specplug.AdaptiveSpecScheduler", version, pid)
