@@ -11,8 +11,8 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# Step-cost profiles of the tiny test models are measured per session, not
-# kept in the user's cache.
+# Step-cost profiles the tests measure (``profile: auto``) go to a temporary
+# cache, not the user's.
 if "VLLM_SPECPLUG_PROFILE_CACHE" not in os.environ:
     import tempfile
 
@@ -21,6 +21,36 @@ if "VLLM_SPECPLUG_PROFILE_CACHE" not in os.environ:
 import pytest
 
 CEILING = 4
+
+
+def _fixed_profile_path() -> str:
+    """A fixed step-cost profile for the engine tests' decisions.
+
+    A memory-bound target (a step costs the same for 1 or 16 tokens) and a
+    draft whose first pass costs 15% of a step and each further position
+    5%: a perfect draft belongs at the ceiling, a draft accepted one time in
+    ten or less at K=0, whatever this machine's speed.  With the live
+    correction off (``FIXED_SPECPLUG``) an engine test's decisions depend on
+    acceptance alone, so its verdict is the same on a loaded machine and a
+    quiet one.  Tests of the measured profile ask for ``profile: auto``.
+    """
+    import tempfile
+
+    from vllm_specplug.controller import StepProfile
+
+    path = os.path.join(tempfile.mkdtemp(prefix="specplug-fixed-profile-"), "fixed.json")
+    StepProfile([1, 16, 128, 1024], [1.0, 1.0, 1.05, 1.5], [0.15] * 4, [1, 64], [0.05, 0.06],
+                meta={"source": "fixed (tests)"}).save(path)
+    return path
+
+
+FIXED_SPECPLUG = {"profile": _fixed_profile_path(), "profile_correction": False}
+
+
+def with_fixed_profile(specplug: dict | None) -> dict:
+    """``specplug`` on the fixed profile, unless it names a profile itself."""
+    specplug = dict(specplug or {})
+    return specplug if "profile" in specplug else {**FIXED_SPECPLUG, **specplug}
 
 
 @pytest.fixture(scope="session")
@@ -48,8 +78,7 @@ def make_llm(model, speculative=None, adaptive=True, specplug=None, **kw):
         args["per_request_spec_decode_metrics"] = "detailed"
         if adaptive:
             args["scheduler_cls"] = "vllm_specplug.AdaptiveSpecScheduler"
-            if specplug is not None:
-                args["additional_config"] = {"specplug": specplug}
+            args["additional_config"] = {"specplug": with_fixed_profile(specplug)}
     args.update(kw)
     # A second engine in this process works once numba is imported because
     # the plugin patches vLLM's kernel-override scan

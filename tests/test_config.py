@@ -35,6 +35,8 @@ def test_defaults_are_goodput_with_ceiling_from_vllm():
     ({"log_interval_s": math.inf}, "log_interval_s"),
     ({"profile": ""}, "profile"),
     ({"profile": 3}, "profile"),
+    ({"profile_correction": "no"}, "profile_correction"),
+    ({"zero_cost_fallback": 1}, "zero_cost_fallback"),
     ({"cost_forgetting": 0.99}, "cost_forgetting"),  # gone: prices come from the profile
 ])
 def test_bad_values_name_the_key_and_allowed_values(raw, key):
@@ -48,6 +50,16 @@ def test_profile_defaults_to_auto():
     assert SpecPlugConfig.from_dict({}, 8).profile == "auto"
     for value in ("off", "/tmp/profile.json"):
         assert SpecPlugConfig.from_dict({"profile": value}, 8).profile == value
+
+
+def test_profile_correction_reaches_the_controller():
+    from vllm_specplug.controller import SpecController
+
+    assert SpecPlugConfig.from_dict({}, 8).controller_settings(8).profile_correction
+    settings = SpecPlugConfig.from_dict({"profile_correction": False}, 8).controller_settings(8)
+    ctrl = SpecController(settings)
+    assert not ctrl.observe_step(1, 5, 4, 123.0)
+    assert ctrl.pricer.correction.observations == 0
 
 
 def test_unknown_keys_are_rejected_with_the_allowed_list():

@@ -657,7 +657,8 @@ def test_k_never_exceeds_ceilings_or_k_step(policy, static_k):
                 assert d.k_step == fixed
             for i, (r, k) in enumerate(zip(ids, d.k.tolist())):
                 assert 0 <= k <= min(ceilings[r], d.k_step), (r, k, ceilings[r], d.k_step)
-                assert caps is None or k <= caps[i]
+                # The static policy is vLLM's static K: no cap near max_tokens.
+                assert caps is None or k <= caps[i] or policy == "static"
             verified = [previous.get(r, 0) for r in ids]
             accepted = [simulate_verification(rng, live[r], k) for r, k in zip(ids, verified)]
             ctrl.observe_verifications(ids, verified, accepted)

@@ -50,7 +50,8 @@ def test_profile_is_measured_at_start_up_cached_and_reused(tiny_models, plain, p
                                                           monkeypatch):
     from vllm_specplug import profiling
 
-    llm = make_llm(tiny_models["target"], speculative=draft_model(tiny_models["target"]))
+    llm = make_llm(tiny_models["target"], speculative=draft_model(tiny_models["target"]),
+                   specplug={"profile": "auto"})
     try:
         prof = scheduler_of(llm).specplug.profile
         assert prof.meta["source"] == "measured"
@@ -73,7 +74,8 @@ def test_profile_is_measured_at_start_up_cached_and_reused(tiny_models, plain, p
     # (whose verdict on millisecond steps depends on how busy the machine is,
     # so here it is told to pass; the next engine shows it can fail).
     monkeypatch.setattr(profiling, "VALIDATE_TOLERANCE", 1e9)
-    llm = make_llm(tiny_models["target"], speculative=draft_model(tiny_models["target"]))
+    llm = make_llm(tiny_models["target"], speculative=draft_model(tiny_models["target"]),
+                   specplug={"profile": "auto"})
     try:
         again = scheduler_of(llm).specplug.profile
         assert again.meta["measured_at"] == prof.meta["measured_at"]
@@ -86,7 +88,8 @@ def test_profile_is_measured_at_start_up_cached_and_reused(tiny_models, plain, p
     wrong["target_s"] = [t * 1000 for t in wrong["target_s"]]
     wrong["meta"]["measured_at"] = "wrong"
     files[0].write_text(json.dumps(wrong))
-    llm = make_llm(tiny_models["target"], speculative=draft_model(tiny_models["target"]))
+    llm = make_llm(tiny_models["target"], speculative=draft_model(tiny_models["target"]),
+                   specplug={"profile": "auto"})
     try:
         fresh = scheduler_of(llm).specplug.profile
         assert fresh.meta["measured_at"] != "wrong"

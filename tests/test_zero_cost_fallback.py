@@ -53,7 +53,9 @@ def perfect(tiny_models):
 
 
 def test_random_draft_stops_running_in_fallback(tiny_models, plain):
-    llm = make_llm(tiny_models["target"], speculative=spec(tiny_models["draft_bad"]))
+    # The measured profile (a random draft falls back on any price).
+    llm = make_llm(tiny_models["target"], speculative=spec(tiny_models["draft_bad"]),
+                   specplug={"profile": "auto"})
     try:
         drafter = drafter_of(llm)
         # The draft does not run at K_step=0: the profile was measured skipping it.
@@ -130,7 +132,7 @@ def test_prefix_cached_blocks_from_a_skipping_request_are_repaired(perfect, plai
 
 def test_switch_off_keeps_vllms_first_pass(tiny_models, plain):
     llm = make_llm(tiny_models["target"], speculative=spec(tiny_models["draft_bad"]),
-                   specplug={"zero_cost_fallback": False})
+                   specplug={"zero_cost_fallback": False, "profile": "auto"})
     try:
         drafter = drafter_of(llm)
         # vLLM's first pass runs at K_step=0 too, and the profile was

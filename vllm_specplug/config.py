@@ -60,6 +60,11 @@ class SpecPlugConfig:
     # a path to a profile JSON (`vllm-specplug profile` writes one), or
     # "off" (relative prices from parameter counts, nothing measured).
     profile: str = "auto"
+    # Correct the profile's prices from live step times (a clipped running
+    # ratio per step shape).  False: price every step from the profile
+    # alone, e.g. a profile measured offline that you trust, or a test that
+    # must not depend on how fast the machine is.
+    profile_correction: bool = _DEFAULTS.profile_correction
     # Relative goodput gain speculation must promise over plain decoding.
     min_gain: float = _DEFAULTS.min_gain
     # Drafts offered by a re-probe of a request in fallback.
@@ -132,8 +137,9 @@ class SpecPlugConfig:
         if self.trace_path is not None and not (isinstance(self.trace_path, str)
                                                 and self.trace_path.strip()):
             raise bad("trace_path", "a file path (string), or null")
-        if not isinstance(self.zero_cost_fallback, bool):
-            raise bad("zero_cost_fallback", "true | false")
+        for key in ("zero_cost_fallback", "profile_correction"):
+            if not isinstance(getattr(self, key), bool):
+                raise bad(key, "true | false")
         if self.probe_max_interval < self.probe_interval:
             raise bad("probe_max_interval", f"an integer >= probe_interval ({self.probe_interval})")
 
@@ -154,6 +160,7 @@ class SpecPlugConfig:
             probe_k=min(self.probe_k, max(ceiling, 1)),
             probe_interval=self.probe_interval,
             probe_max_interval=self.probe_max_interval,
+            profile_correction=self.profile_correction,
         )
 
 

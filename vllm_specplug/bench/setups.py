@@ -84,7 +84,7 @@ POLICIES = {
     "vllm-table": {"policy": "static", "pin": True, "table": True},
     "heuristic": {"policy": "heuristic"},
     "goodput": {"policy": "goodput"},
-    # Issue #4's comparison: the adaptive policy with vLLM's draft first pass
+    # The adaptive policy with vLLM's draft first pass
     # at K=0 (draft_model only).
     "goodput-no-zcf": {"policy": "goodput", "zero_cost_fallback": False},
 }

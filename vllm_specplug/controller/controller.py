@@ -39,6 +39,8 @@ class ControllerSettings:
     probe_k: int = 1
     probe_interval: int = 4
     probe_max_interval: int = 32
+    # False: live step times do not correct the profile's prices.
+    profile_correction: bool = True
 
 
 @dataclass
@@ -205,6 +207,8 @@ class SpecController:
     def observe_step(self, batch: int, tokens: int, k_step: int, seconds: float,
                      catchup_tokens: int = 0) -> bool:
         """A finished step's wall time: it corrects the profile's price of its bucket."""
+        if not self.settings.profile_correction:
+            return False
         return self.pricer.observe(tokens, batch, k_step, seconds, catchup_tokens)
 
     # -- deciding ----------------------------------------------------------
@@ -237,10 +241,12 @@ class SpecController:
             return Decision(k_step=fixed_k_step or 0, k=np.zeros(0, dtype=np.int64))
         rows = self._rows(req_ids)
         ceilings = self._ceiling[rows]
-        if caps is not None:
+        policy = self.settings.policy
+        # The static policy is vLLM's static K, a baseline: it drafts K up to
+        # max_tokens as vLLM does.
+        if caps is not None and policy != "static":
             ceilings = np.minimum(ceilings, np.asarray(caps, dtype=np.int64))
         base = float(batch if base_tokens is None else base_tokens)
-        policy = self.settings.policy
         if policy == "static":
             decision = self.static.decide(ceilings, fixed_k_step)
         elif policy == "heuristic":
