@@ -279,6 +279,42 @@ def test_fault_in_controller_keeps_vllm_behaviour(tiny_models, async_scheduling)
     assert max(d for v in run.drafts_seen.values() for d in v) == CEILING
 
 
+def test_a_failure_after_planning_leaves_a_consistent_plan(tiny_models, async_scheduling):
+    # The trace (I/O after the decision) fails every step: the plan is still
+    # applied whole, vLLM's K_step and the async placeholders agree with it
+    # (SyntheticRun.check), and a failing controller call at request end is
+    # counted, not raised.
+    sched = build_scheduler(tiny_models["target"], async_scheduling)
+    for i in range(4):
+        sched.add_request(make_request(f"r{i}", 30))
+
+    class BrokenTrace:
+        def plan(self, *a, **k):
+            raise OSError("disk full")
+
+        def verify(self, *a, **k):
+            pass
+
+        def close(self):
+            pass
+
+    sched.specplug.trace = BrokenTrace()
+    finish = sched.specplug.controller.finish_request
+
+    def broken_finish(rid):
+        finish(rid)
+        raise RuntimeError("injected")
+
+    sched.specplug.controller.finish_request = broken_finish
+    run = SyntheticRun(sched, {f"r{i}": always for i in range(4)})
+    run.run()
+    sp = sched.specplug
+    assert sp.faults >= run.steps // 2
+    # The adaptive plan ran (the good drafts climbed), not vLLM's fallback K.
+    assert sp.controller.stats.drafted > 0
+    assert not sp.planned or all(k <= CEILING for k in sp.planned.values())
+
+
 def test_static_policy_pins_k(tiny_models, async_scheduling):
     sched = build_scheduler(tiny_models["target"], async_scheduling,
                             specplug={"policy": "static", "static_k": 2})

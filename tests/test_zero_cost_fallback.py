@@ -147,3 +147,28 @@ def test_switch_off_keeps_vllms_first_pass(tiny_models, plain):
         assert calls[0] >= 48  # the first pass ran every step
     finally:
         shutdown(llm)
+
+
+def test_a_failing_catch_up_turns_the_fallback_off_and_output_stays_exact(
+        tiny_models, plain, monkeypatch):
+    llm = make_llm(tiny_models["target"], speculative=spec(tiny_models["target"]))
+    try:
+        drafter = drafter_of(llm)
+
+        def broken(*args, **kwargs):
+            raise RuntimeError("catch-up broke")
+
+        monkeypatch.setattr(draft_model_skip, "_catch_up", broken)
+        prompts = [prompt(i) for i in range(2)]
+        outs = run_with_forced_fallback(llm, prompts, CEILING)
+        assert token_ids(outs) == [plain[p] for p in prompts]
+        stats = drafter.specplug_stats
+        assert stats.failures == 1 and stats.skipped_passes >= 20
+        assert drafter.__dict__["_specplug_skip"] is False
+        # From then on vLLM's own path: a second forced fallback skips nothing.
+        skipped = stats.skipped_passes
+        outs = run_with_forced_fallback(llm, prompts, CEILING)
+        assert token_ids(outs) == [plain[p] for p in prompts]
+        assert stats.skipped_passes == skipped and stats.failures == 1
+    finally:
+        shutdown(llm)

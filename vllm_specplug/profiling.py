@@ -347,7 +347,8 @@ def profile_for_engine(executor, vllm_config, kv_cache_config) -> StepProfile | 
     start-up with a message naming the key.
     """
     from vllm_specplug.config import SpecPlugConfig, SpecPlugConfigError
-    from vllm_specplug.scheduler import uses_plugin_scheduler, zero_cost_fallback_for
+    from vllm_specplug.deployment import (k_step_pinned_for, uses_plugin_scheduler,
+                                          zero_cost_fallback_for)
 
     spec = vllm_config.speculative_config
     if spec is None or not uses_plugin_scheduler(vllm_config):
@@ -367,13 +368,11 @@ def profile_for_engine(executor, vllm_config, kv_cache_config) -> StepProfile | 
         logger.info("vllm-specplug: step-cost profile from %s", config.profile)
         _MEASURED[id(vllm_config)] = profile
         return profile
-    from vllm_specplug.scheduler import k_step_pinned_for
-
     if k_step_pinned_for(vllm_config):
         logger.info("vllm-specplug: K_step is pinned for this deployment; no step-cost "
                     "profile is measured (prices from parameter counts)")
         return None
-    zero_cost = zero_cost_fallback_for(vllm_config, config)
+    zero_cost = zero_cost_fallback_for(vllm_config, config.zero_cost_fallback)[0]
     key = deployment_key(vllm_config, zero_cost)
     path = cache_path(key)
     profile = None

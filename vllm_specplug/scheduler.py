@@ -35,6 +35,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.outputs import DraftTokenIds
 
 from vllm_specplug.compat import effective_k_step
+from vllm_specplug.deployment import DRAFT_MODEL_METHODS, k_step_pinned_for, zero_cost_fallback_for
 from vllm_specplug.config import (
     SpecPlugConfig,
     SpecPlugRequestError,
@@ -44,13 +45,6 @@ from vllm_specplug.controller import SpecController, StepProfile, prior_profile
 
 logger = logging.getLogger("vllm.specplug")
 
-# Proposers that honour a K_step below num_speculative_tokens.  The others
-# (suffix, ngram_gpu, medusa, ...) assert K_step == num_speculative_tokens:
-# for them K_step stays pinned and only per-request trimming adapts.
-ADAPTIVE_K_STEP_METHODS = frozenset({"ngram", "draft_model", "eagle", "eagle3"})
-DRAFT_MODEL_METHODS = frozenset({"draft_model", "eagle", "eagle3", "mtp", "medusa"})
-
-
 def _approx_params(hf_config: Any) -> float:
     """Rough parameter count from a Hugging Face config (for the cost prior)."""
     text = getattr(hf_config, "text_config", None) or hf_config
@@ -59,40 +53,6 @@ def _approx_params(hf_config: Any) -> float:
     inter = getattr(text, "intermediate_size", 0) or 4 * hidden
     vocab = getattr(text, "vocab_size", 0) or 0
     return float(layers * (4 * hidden * hidden + 3 * hidden * inter) + vocab * hidden)
-
-
-def _on_cpu() -> bool:
-    # The worker-side patch is only enabled on vLLM's CPU model runner.
-    try:
-        from vllm.platforms import current_platform
-
-        return bool(current_platform.is_cpu())
-    except Exception:
-        return False
-
-
-def uses_plugin_scheduler(vllm_config) -> bool:
-    """Whether this engine's scheduler is vllm_specplug's."""
-    try:
-        cls = vllm_config.scheduler_config.get_scheduler_cls()
-    except Exception:
-        return False
-    return isinstance(cls, type) and issubclass(cls, _AdaptiveSpecMixin)
-
-
-def k_step_pinned_for(vllm_config) -> bool:
-    """Whether K_step must stay at num_speculative_tokens (see AdaptiveSpecState)."""
-    method = getattr(vllm_config.speculative_config, "method", None)
-    dp = getattr(vllm_config.parallel_config, "data_parallel_size", 1) or 1
-    return method not in ADAPTIVE_K_STEP_METHODS or dp > 1
-
-
-def zero_cost_fallback_for(vllm_config, config: SpecPlugConfig, pinned: bool | None = None) -> bool:
-    """Whether the draft model skips K_step = 0 steps (patches/draft_model_skip.py)."""
-    if pinned is None:
-        pinned = k_step_pinned_for(vllm_config)
-    method = getattr(vllm_config.speculative_config, "method", None)
-    return method == "draft_model" and config.zero_cost_fallback and not pinned and _on_cpu()
 
 
 def dp_index(parallel_config) -> int:
@@ -214,7 +174,8 @@ class AdaptiveSpecState:
         self.trace = self._open_trace(vllm_config)
 
     def _zero_cost_fallback(self) -> bool:
-        return zero_cost_fallback_for(self.vllm_config, self.config, self.k_step_pinned)
+        # The same answer the workers' patch gets (deployment.py).
+        return zero_cost_fallback_for(self.vllm_config, self.config.zero_cost_fallback)[0]
 
     def _new_controller(self) -> SpecController:
         return SpecController(self.config.controller_settings(self.num_spec_tokens),
@@ -354,14 +315,14 @@ class _AdaptiveSpecMixin:
         result = super()._free_request(request, *args, **kwargs)
         sp = self.specplug
         if sp.enabled:
-            sp.controller.finish_request(request.request_id)
             sp.planned.pop(request.request_id, None)
             sp.draft_gap.pop(request.request_id, None)
-            if sp.metrics is not None and sp.controller.num_requests() == 0:
-                try:
+            try:
+                sp.controller.finish_request(request.request_id)
+                if sp.metrics is not None and sp.controller.num_requests() == 0:
                     sp.metrics.flush(sp.controller, sp.faults)  # the engine goes idle
-                except Exception:
-                    sp.fault("metrics")
+            except Exception:
+                sp.fault("free_request")
         return result
 
     # -- deciding ----------------------------------------------------------
@@ -405,8 +366,22 @@ class _AdaptiveSpecMixin:
             catchup_tokens=catchup,
             caps=caps,
         )
-        k_list = decision.k.tolist()
         k_step = min(int(decision.k_step), sp.num_spec_tokens)
+        if sp.k_step_pinned:
+            k_step = vllm_k_step
+        planned = dict(zip(decoding, (min(k, k_step) for k in decision.k.tolist())))
+        # vLLM sized every decoding request's placeholders to its K_step;
+        # under async scheduling they are resized to the request's own k_r
+        # (never above K_step: a larger placeholder would read another
+        # request's drafts).  Built before anything is changed.
+        placeholders = ({rid: sp.placeholder(k) for rid, k in planned.items()}
+                        if sp.is_async else {})
+        # Everything above may fail and leaves vLLM's plan as it was; from
+        # here on only assignments, vLLM's state together with the plugin's.
+        scheduler_output.num_spec_tokens_to_schedule = k_step
+        for rid, ids in placeholders.items():
+            requests[rid].spec_token_ids = ids
+        sp.planned = planned
         if sp.zero_cost_fallback:
             if k_step == 0:
                 for rid, n in scheduler_output.num_scheduled_tokens.items():
@@ -415,21 +390,17 @@ class _AdaptiveSpecMixin:
                 for rid in scheduler_output.num_scheduled_tokens:
                     gap.pop(rid, None)
                 sp.catchup[id(scheduler_output)] = catchup
-        if not sp.k_step_pinned:
-            scheduler_output.num_spec_tokens_to_schedule = k_step
-        sp.planned = dict(zip(decoding, k_list))
         sp.step += 1
         sp.predicted[id(scheduler_output)] = decision.predicted_seconds
-        if sp.metrics is not None:
-            sp.metrics.record_step(effective_k_step(scheduler_output))
-        if sp.trace is not None:
-            sp.trace.plan(sp.step, decision, decoding, sp.controller)
-        if sp.is_async:
-            # vLLM sized every decoding request's placeholders to K_step;
-            # resize to the request's own k_r (never above K_step: a larger
-            # placeholder would read another request's drafts).
-            for rid, k in sp.planned.items():
-                requests[rid].spec_token_ids = sp.placeholder(min(k, k_step))
+        # Reporting, after the plan is applied: a failure here is counted
+        # and the step runs as planned.
+        try:
+            if sp.metrics is not None:
+                sp.metrics.record_step(effective_k_step(scheduler_output))
+            if sp.trace is not None:
+                sp.trace.plan(sp.step, decision, decoding, sp.controller)
+        except Exception:
+            sp.fault("report")
 
     def update_draft_token_ids(self, draft_token_ids) -> None:
         sp = self.specplug

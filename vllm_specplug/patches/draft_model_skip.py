@@ -84,6 +84,8 @@ class DraftSkipStats:
     draft_passes: int = 0
     catch_up_passes: int = 0
     catch_up_tokens: int = 0
+    # The patch's own code raised: the fallback is off for this proposer.
+    failures: int = 0
 
 
 class _StaleBlocks:
@@ -147,39 +149,34 @@ class _StaleBlocks:
 
 
 def _enabled_for(proposer) -> tuple[bool, str]:
-    """Whether this proposer instance may skip and catch up, and why not."""
-    cfg = proposer.vllm_config
-    try:
-        from vllm_specplug.config import SpecPlugConfig
-        from vllm_specplug.scheduler import _AdaptiveSpecMixin
+    """Whether this proposer instance skips and catches up, and why not.
 
-        sched_cls = cfg.scheduler_config.get_scheduler_cls()
-        if not (isinstance(sched_cls, type) and issubclass(sched_cls, _AdaptiveSpecMixin)):
-            return False, "the scheduler is not vllm_specplug's"
-        n = int(proposer.speculative_config.num_speculative_tokens or 0)
-        plug = SpecPlugConfig.from_additional_config(cfg.additional_config or {}, n)
-        if not plug.zero_cost_fallback:
-            return False, "zero_cost_fallback is off in the plugin config"
-    except Exception as exc:  # a bad config is reported by the scheduler
-        return False, f"plugin config unavailable ({exc})"
-    from vllm.platforms import current_platform
+    The deployment's config decides (``deployment.zero_cost_fallback_for``,
+    the scheduler's own answer); this worker then checks what only it can
+    see, and a worker that cannot honour a yes says so loudly: the scheduler
+    prices steps as if it skipped.
+    """
+    from vllm_specplug.deployment import plugin_zero_cost_fallback
 
-    if not current_platform.is_cpu():
-        return False, "only checked on vLLM's CPU (V1) model runner"
-    par = cfg.parallel_config
-    if (getattr(par, "data_parallel_size", 1) or 1) > 1 or (
-            getattr(par, "pipeline_parallel_size", 1) or 1) > 1:
-        return False, "data or pipeline parallelism (ranks' batches differ)"
+    ok, why = plugin_zero_cost_fallback(proposer.vllm_config)
+    if not ok:
+        return False, why
     if getattr(proposer, "use_heterogeneous_vocab", False):
-        return False, "heterogeneous draft vocabulary"
-    if getattr(proposer, "supports_mm_inputs", False) or getattr(proposer, "uses_mrope", False):
-        return False, "multimodal / M-RoPE draft inputs"
-    runner = proposer.__dict__.get("_specplug_runner")
-    if runner is None or not hasattr(getattr(runner, "input_batch", None), "token_ids_cpu"):
-        return False, "the model runner's input batch is not reachable"
-    if getattr(proposer, "block_size", -1) <= 0 or not getattr(proposer, "draft_attn_groups", None):
-        return False, "draft attention groups not initialised"
-    return True, ""
+        why = "heterogeneous draft vocabulary"
+    elif getattr(proposer, "supports_mm_inputs", False) or getattr(proposer, "uses_mrope", False):
+        why = "multimodal / M-RoPE draft inputs"
+    elif not hasattr(getattr(proposer.__dict__.get("_specplug_runner"), "input_batch", None),
+                     "token_ids_cpu"):
+        why = "the model runner's input batch is not reachable"
+    elif getattr(proposer, "block_size", -1) <= 0 or not getattr(proposer, "draft_attn_groups",
+                                                                  None):
+        why = "draft attention groups not initialised"
+    else:
+        return True, ""
+    logger.warning("vllm-specplug: the config asks for the zero-cost fallback but this worker "
+                   "cannot skip the draft (%s): it runs vLLM's first pass at K=0, and the "
+                   "scheduler's prices of K=0 steps are low by that pass", why)
+    return False, why
 
 
 def _state(proposer):
@@ -295,23 +292,30 @@ def _wrap(original):
         if not stale:
             return original(self, num_speculative_tokens, *args, **kwargs)
         stats: DraftSkipStats = self.__dict__["specplug_stats"]
-        bound = _SIGNATURE.bind(self, num_speculative_tokens, *args, **kwargs)
-        cad = bound.arguments["common_attn_metadata"]
-        starts, seq, table = _rows_view(cad)
-        if int(num_speculative_tokens) == 0:
-            # Nobody drafts from this step: skip the draft model and remember
-            # which blocks it did not write (this step's tokens and the next
-            # token's slot, position seq_len).
-            import torch
+        try:
+            bound = _SIGNATURE.bind(self, num_speculative_tokens, *args, **kwargs)
+            cad = bound.arguments["common_attn_metadata"]
+            starts, seq, table = _rows_view(cad)
+            if int(num_speculative_tokens) == 0:
+                # Nobody drafts from this step: skip the draft model and
+                # remember which blocks it did not write (this step's tokens
+                # and the next token's slot, position seq_len).
+                import torch
 
-            stale.mark(table, starts, seq)
-            stats.skipped_passes += 1
-            self.num_speculative_tokens = 0
-            self._last_draft_probs = None
-            next_ids = bound.arguments["next_token_ids"]
-            return torch.empty(int(cad.num_reqs), 0, device=next_ids.device, dtype=torch.int64)
-        if stale.count:
-            _catch_up(self, stale, cad, starts, table, stats)
+                stale.mark(table, starts, seq)
+                stats.skipped_passes += 1
+                self.num_speculative_tokens = 0
+                self._last_draft_probs = None
+                next_ids = bound.arguments["next_token_ids"]
+                return torch.empty(int(cad.num_reqs), 0, device=next_ids.device,
+                                   dtype=torch.int64)
+            if stale.count:
+                _catch_up(self, stale, cad, starts, table, stats)
+        except Exception:
+            # This step and every later one take vLLM's own path: the
+            # output stays exact whatever the patch did.
+            _give_up(self, stats)
+            return original(self, num_speculative_tokens, *args, **kwargs)
         result = original(self, num_speculative_tokens, *args, **kwargs)
         stats.draft_passes += 1
         # The catch-up and the first pass together wrote every row's KV up
@@ -323,6 +327,17 @@ def _wrap(original):
     propose.__doc__ = original.__doc__
     propose._specplug_patch = PATCH_NAME
     return propose
+
+
+def _give_up(proposer, stats: DraftSkipStats) -> None:
+    """Turn the fallback off for this proposer after its own code raised."""
+    stats.failures += 1
+    proposer.__dict__["_specplug_skip"] = False
+    logger.warning(
+        "vllm-specplug: the zero-cost fallback failed in this worker and is off from now on: "
+        "the draft model runs vLLM's first pass at K=0 again.  Output stays exact; requests "
+        "that skipped steps draft from draft KV the catch-up did not repair, so their "
+        "acceptance may drop until they finish.", exc_info=True)
 
 
 def _wrap_init(original):

@@ -1,0 +1,97 @@
+"""One answer to "does the zero-cost fallback apply here?" for the scheduler and the workers,
+and an import graph that runs one way (no engine)."""
+
+import ast
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from vllm_specplug import deployment
+
+PKG = Path(__file__).resolve().parents[1] / "vllm_specplug"
+
+
+class _Model:
+    def __init__(self, vocab, **kw):
+        self.vocab = vocab
+        self.__dict__.update(kw)
+
+    def get_vocab_size(self):
+        return self.vocab
+
+
+def vllm_config(method="draft_model", scheduler="vllm_specplug.AdaptiveSpecScheduler", dp=1,
+                pp=1, draft_vocab=100, **model):
+    return SimpleNamespace(
+        scheduler_config=SimpleNamespace(scheduler_cls=scheduler),
+        speculative_config=SimpleNamespace(method=method, num_speculative_tokens=4,
+                                           draft_model_config=_Model(draft_vocab)),
+        parallel_config=SimpleNamespace(data_parallel_size=dp, pipeline_parallel_size=pp),
+        model_config=_Model(100, **model), additional_config={})
+
+
+def test_zero_cost_fallback_applies_only_where_every_rank_can_skip(monkeypatch):
+    monkeypatch.setattr(deployment, "_on_cpu", lambda: True)
+    assert deployment.zero_cost_fallback_for(vllm_config(), True) == (True, "")
+    for cfg, enabled, why in [
+        (vllm_config(), False, "off in the plugin config"),
+        (vllm_config(method="ngram"), True, "not draft_model"),
+        (vllm_config(scheduler="vllm.v1.core.sched.scheduler.Scheduler"), True, "not vllm_specplug"),
+        (vllm_config(dp=2), True, "pinned"),
+        (vllm_config(pp=2), True, "pipeline"),
+        (vllm_config(draft_vocab=50), True, "vocabulary"),
+        (vllm_config(is_multimodal_model=True), True, "multimodal"),
+    ]:
+        ok, reason = deployment.zero_cost_fallback_for(cfg, enabled)
+        assert not ok and why in reason, (reason, why)
+    monkeypatch.setattr(deployment, "_on_cpu", lambda: False)
+    assert deployment.zero_cost_fallback_for(vllm_config(), True)[1].startswith("only checked")
+
+
+def test_the_plugin_config_flag_is_read_from_additional_config(monkeypatch):
+    monkeypatch.setattr(deployment, "_on_cpu", lambda: True)
+    cfg = vllm_config()
+    assert deployment.plugin_zero_cost_fallback(cfg)[0]
+    cfg.additional_config = {"specplug": {"zero_cost_fallback": False}}
+    assert not deployment.plugin_zero_cost_fallback(cfg)[0]
+    cfg.additional_config = {"specplug": {"nope": 1}}
+    ok, why = deployment.plugin_zero_cost_fallback(cfg)
+    assert not ok and "plugin config unavailable" in why
+
+
+def test_a_subclass_of_the_plugin_scheduler_counts_as_the_plugins():
+    class Mine(SimpleNamespace):
+        pass
+
+    Mine.__module__ = "vllm_specplug.scheduler"
+    cfg = vllm_config(scheduler=type("UserScheduler", (Mine,), {"__module__": "user.mod"}))
+    assert deployment.uses_plugin_scheduler(cfg)
+    assert not deployment.uses_plugin_scheduler(vllm_config(scheduler=None))
+
+
+def _imports(path: Path) -> set[str]:
+    """Every vllm_specplug module a file imports, at any level (function bodies too)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            mod = node.module
+            out.add(mod)
+            out.update(f"{mod}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+    return {m for m in out if m.startswith("vllm_specplug")}
+
+
+@pytest.mark.parametrize("module", ["plugin.py", "deployment.py", "compat.py", "config.py",
+                                    "patches/__init__.py", "patches/draft_model_skip.py",
+                                    "patches/kernel_override_scan.py"])
+def test_the_import_graph_runs_one_way(module):
+    # plugin -> patches -> {deployment, config, compat}; only the scheduler
+    # (and what the engine core runs) imports the scheduler.
+    bad = {m for m in _imports(PKG / module)
+           if m.startswith(("vllm_specplug.scheduler", "vllm_specplug.plugin"))
+           and not module.startswith("plugin")}
+    assert not bad, bad
+    if module != "config.py":  # config builds the controller's settings
+        assert not {m for m in _imports(PKG / module) if ".controller" in m}
