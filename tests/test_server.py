@@ -414,10 +414,8 @@ def test_vllms_own_server_shows_the_plugins_series_with_no_set_up(tiny_models, t
     server = Server(CONFIGS / "qwen-coder-adaptive.yaml", {
         "model": tiny_models["target"],
         "speculative-config": {"model": tiny_models["target"], "num_speculative_tokens": 4},
-    }, tmp_path, "vllm-own", env={"VLLM_SPECPLUG_METRICS_DIR": str(tmp_path / "snap")},
-        vllm_own=True).start()
+    }, tmp_path, "vllm-own", vllm_own=True).start()  # Server.start unsets PROMETHEUS_MULTIPROC_DIR
     try:
-        assert "PROMETHEUS_MULTIPROC_DIR" not in server.extra_env
         r = client(server).completions.create(model=server.model, prompt="one two three",
                                               max_tokens=24, temperature=0)
         assert r.choices[0].text
