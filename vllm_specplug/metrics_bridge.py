@@ -83,12 +83,6 @@ class SnapshotWriter:
             json.dump({"pid": os.getpid(), "families": families}, f)
         os.replace(tmp, self.path)
 
-    def remove(self) -> None:
-        try:
-            os.remove(self.path)
-        except OSError:
-            pass
-
 
 class SnapshotCollector:
     """API-server side: the snapshots this process's children wrote."""

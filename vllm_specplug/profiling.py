@@ -465,11 +465,11 @@ def main(argv: list[str]) -> int:
     dropped = sorted(k for k in kwargs if k not in known)
     kwargs = {k: v for k, v in kwargs.items() if k in known}
     # Model cache keys resolve as under `vllm-specplug serve`.
-    from vllm_specplug.serve import _resolve_spec, resolve_model
+    from vllm_specplug.serve import resolve_spec, resolve_model
 
     if "model" in kwargs:
         kwargs["model"] = resolve_model(kwargs["model"])
-    kwargs["speculative_config"] = _resolve_spec(kwargs.get("speculative_config"), None)
+    kwargs["speculative_config"] = resolve_spec(kwargs.get("speculative_config"), None)
     if kwargs.get("speculative_config") is None:
         print("vllm-specplug profile: the config has no speculative-config", file=sys.stderr)
         return 2

@@ -102,7 +102,8 @@ def resolve_model(value, cache: str | None = None):
     return path
 
 
-def _resolve_spec(spec, cache):
+def resolve_spec(spec, cache=None):
+    """A speculative config with its ``model`` resolved as ``resolve_model`` does."""
     if isinstance(spec, dict) and "model" in spec:
         return dict(spec, model=resolve_model(spec["model"], cache))
     return spec
@@ -133,7 +134,7 @@ def resolve_model_keys(argv: list[str], tmp_dir: str, cache: str | None = None) 
                     spec = json.loads(value)
                 except ValueError:
                     spec = None
-                resolved = _resolve_spec(spec, cache)
+                resolved = resolve_spec(spec, cache)
                 if resolved is not spec:
                     value = json.dumps(resolved)
             out += [f"{flag}={value}"] if eq else [flag, value]
@@ -160,7 +161,7 @@ def _resolve_config(path: str, tmp_dir: str, cache: str | None) -> str:
         resolved["model"] = resolve_model(cfg["model"], cache)
     for key in ("speculative-config", "speculative_config"):
         if key in cfg:
-            resolved[key] = _resolve_spec(cfg[key], cache)
+            resolved[key] = resolve_spec(cfg[key], cache)
     if resolved == cfg:
         return path
     out = os.path.join(tmp_dir, os.path.basename(path))
