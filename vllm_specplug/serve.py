@@ -186,3 +186,13 @@ def main(argv: list[str]) -> int:
         shutil.rmtree(tmp_dir, ignore_errors=True)
         if made:
             shutil.rmtree(made, ignore_errors=True)
+
+
+def vllm_cli(argv: list[str]) -> int:
+    """vLLM's own CLI (``vllm bench serve ...``) with the version shim of the CPU build."""
+    install_version_shim()
+    from vllm.entrypoints.cli.main import main as vllm_main
+
+    sys.argv = ["vllm", *argv]
+    vllm_main()
+    return 0

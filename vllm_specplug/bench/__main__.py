@@ -3,6 +3,7 @@
     python -m vllm_specplug.bench --quick          # ~10 min: Qwen pair, easy + hard, c=1
     python -m vllm_specplug.bench                  # the full grid (says how long up front)
     python -m vllm_specplug.bench --setups smollm-ngram --workloads mixed --concurrency 1,4
+    python -m vllm_specplug.bench --served [--quick]  # real servers, vLLM's own client (bench/served.py)
 
 Every speculative policy's greedy output is compared with plain decoding;
 any mismatch is reported loudly.  The exit status is 1 unless every
@@ -101,6 +102,10 @@ def mark_static_k_mismatches(mismatches: list[dict]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if "--served" in (sys.argv[1:] if argv is None else argv):
+        from vllm_specplug.bench.served import main as served_main
+
+        return served_main(argv)
     args = parse_args(argv)
     env_defaults()
     setups = [SETUPS[s] for s in args.setups.split(",") if s]

@@ -1,0 +1,560 @@
+"""Served benchmark: each arm a real server, driven by vLLM's own client.
+
+    python -m vllm_specplug.bench --served --quick     # ~15 min: Qwen pair, HumanEval + ShareGPT, c=1,4
+    python -m vllm_specplug.bench --served             # the full grid (~1 h here; says so up front)
+
+Per arm, ``vllm-specplug serve`` starts once and ``vllm bench serve`` (vLLM's
+own client, through the CPU build's version shim) measures every cell
+against it: output tokens/s, TTFT, TPOT and ITL (mean, p50, p99) at each
+concurrency and at one Poisson request rate.  Arms:
+
+- ``plain``: no speculation;
+- ``vllm-k2``, ``vllm-k4``: vLLM's own static K with vLLM's scheduler, the
+  plugin not loaded (``VLLM_PLUGINS``): what a user would run instead;
+- ``vllm-table``: vLLM's batch-size table (``num_speculative_tokens_per_batch_size``);
+- ``adaptive``: the plugin's adaptive policy with the shipped ceiling.
+
+The first run after a server is up is its cold run (other prompts than the
+grid's, no warm-up, vLLM's ready-check request turned off); every cell
+after it is warm.  The grid's first cell runs again at the end of each
+arm's session: that repeat's spread is the cell noise the report states.
+Every arm's greedy texts are compared with plain decoding's (temperature 0,
+a fixed output length), and the memory each arm takes is recorded: the KV
+cache capacity vLLM reports at start-up and the server's resident memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from vllm_specplug.bench.runner import Progress, resolve_model
+from vllm_specplug.bench.setups import VLLM_TABLE
+
+SERVED_NAME = "bench-target"
+
+
+@dataclass(frozen=True)
+class ServedSetup:
+    name: str
+    title: str
+    target: str  # model-cache key (or tiny:...)
+    method: str
+    draft: str | None
+    ceiling: int
+    workloads: tuple[str, ...]
+    concurrency: tuple[int, ...]
+    output_tokens: int
+    requests: int  # per run at concurrency 1; 2 * c at concurrency c > 1
+    rate: float  # requests per second of the Poisson cell (0: none)
+    max_model_len: int = 1024
+    max_prompt_tokens: int = 384
+    dtype: str | None = None
+    spec_extra: dict = field(default_factory=dict)
+    # For the up-front estimate only (measured costs replace it).
+    nominal_tok_s: float = 6.0
+    prefill_s_per_token: float = 0.01
+    ready_s: float = 60.0
+
+
+SETUPS = {
+    "qwen": ServedSetup(
+        name="qwen", title="Qwen2.5-Coder-1.5B + 0.5B draft (draft_model)",
+        target="qwen-coder-1.5b", method="draft_model", draft="qwen-coder-0.5b", ceiling=8,
+        workloads=("humaneval", "sharegpt", "mixed", "json"), concurrency=(1, 4),
+        output_tokens=64, requests=4, rate=0.15,
+        nominal_tok_s=6.0, prefill_s_per_token=0.01, ready_s=60.0),
+    "smollm-ngram": ServedSetup(
+        name="smollm-ngram", title="SmolLM2-135M + n-gram prompt lookup",
+        target="smollm2-135m", method="ngram", draft=None, ceiling=8,
+        spec_extra={"prompt_lookup_min": 2, "prompt_lookup_max": 5},
+        workloads=("humaneval", "sharegpt", "mixed", "json"), concurrency=(1, 2, 4, 8),
+        output_tokens=64, requests=4, rate=1.0,
+        nominal_tok_s=40.0, prefill_s_per_token=0.001, ready_s=40.0),
+    # Smoke test only: tiny random-weight models made on the spot.
+    "tiny": ServedSetup(
+        name="tiny", title="tiny successor models (smoke test)",
+        target="tiny:copy_target", method="draft_model", draft="tiny:copy_draft_half",
+        ceiling=4, workloads=("easy", "hard"), concurrency=(1, 2), output_tokens=16,
+        requests=2, rate=0.0, max_model_len=512, dtype="float32",
+        nominal_tok_s=60.0, prefill_s_per_token=0.0, ready_s=30.0),
+}
+
+ARMS = ("plain", "vllm-k2", "vllm-k4", "vllm-table", "adaptive")
+QUICK = dict(setups=["qwen"], workloads=["humaneval", "sharegpt"], concurrency=[1, 4],
+             arms=["plain", "vllm-k4", "adaptive"], rate=False)
+STATIC_ARMS = ("vllm-k2", "vllm-k4", "vllm-table")
+
+JSON_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "args": {"type": "array", "items": {"type": "string"}},
+        "returns": {"type": "string"},
+    },
+    "required": ["name", "args", "returns"],
+    "additionalProperties": False,
+}
+JSON_INSTRUCTION = ("Describe the Python function below as a JSON object with the keys "
+                    "name, args (a list of argument names) and returns (what it returns).\n\n")
+
+
+# -- workloads ---------------------------------------------------------------
+@dataclass
+class Cell:
+    workload: str
+    kind: str  # "cold", "c", "rate", "repeat"
+    concurrency: int  # 0 for the rate cell
+    requests: int
+    path: str
+    chat: bool  # the chat endpoint (the server applies the template)
+    structured: bool
+
+    @property
+    def key(self) -> str:
+        load = f"rate{self.concurrency}" if self.kind == "rate" else f"c{self.concurrency}"
+        return f"{self.workload}/{load}/{self.kind}"
+
+
+def _sources(setup: ServedSetup, workload: str, tokenizer, data_cache) -> tuple[list[str], bool]:
+    """(prompts in their seeded order, sent to the chat endpoint?)."""
+    rng = random.Random(0)
+    if setup.name == "tiny":
+        from vllm_specplug.testing import easy_prompt, hard_prompt
+
+        make = easy_prompt if workload == "easy" else hard_prompt
+        return [make(i) for i in range(64)], False
+    from vllm_specplug import datasets
+
+    def fits(text):
+        return len(tokenizer(text).input_ids) <= setup.max_prompt_tokens
+
+    def chat(text):
+        return tokenizer.apply_chat_template([{"role": "user", "content": text}],
+                                             add_generation_prompt=True, tokenize=False)
+
+    def sample(key, n, render=None):
+        recs = datasets.load(key, data_cache)
+        rng.shuffle(recs)
+        out = []
+        for r in recs:
+            text = render(r["prompt"]) if render else r["prompt"]
+            if fits(text):
+                out.append(text)
+                if len(out) >= n:
+                    break
+        return out
+
+    if workload == "humaneval":
+        return sample("humaneval", 164), False
+    if workload == "sharegpt":
+        # The chat endpoint renders the turn; the length filter counts it rendered.
+        return [t for t in sample("sharegpt", 200)
+                if fits(chat(t))], True
+    if workload == "mixed":
+        code, talk = sample("humaneval", 164), sample("sharegpt", 200, chat)
+        return [p for pair in zip(code, talk) for p in pair], False
+    if workload == "json":
+        return sample("humaneval", 164, lambda p: chat(JSON_INSTRUCTION + p)), False
+    raise SystemExit(f"unknown workload {workload!r}; known: humaneval, sharegpt, mixed, json")
+
+
+def build_cells(setup, workloads, concurrency, with_rate, out: Path, tokenizer,
+                data_cache=None) -> list[Cell]:
+    """Each cell's own prompts (disjoint slices, so no cell reuses another's prefix cache)."""
+    cells = []
+    for w in workloads:
+        prompts, is_chat = _sources(setup, w, tokenizer, data_cache)
+        loads = [("c", c, setup.requests if c == 1 else 2 * c) for c in concurrency]
+        if with_rate and setup.rate > 0:
+            loads.append(("rate", 0, 2 * max(concurrency)))
+        if w == workloads[0]:
+            loads.insert(0, ("cold", 1, setup.requests))
+        at = 0
+        for kind, c, n in loads:
+            if at + n > len(prompts):
+                raise SystemExit(f"{setup.name} {w}: {len(prompts)} prompts fit in "
+                                 f"{setup.max_prompt_tokens} tokens, the grid needs {at + n}")
+            path = out / "workloads" / setup.name / f"{w}-{kind}{c}.jsonl"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "w") as f:
+                for p in prompts[at:at + n]:
+                    f.write(json.dumps({"prompt": p, "output_tokens": setup.output_tokens}) + "\n")
+            at += n
+            cells.append(Cell(w, kind, c, n, str(path), is_chat, w == "json"))
+    first = next(c for c in cells if c.kind == "c")
+    cells.append(Cell(first.workload, "repeat", first.concurrency, first.requests, first.path,
+                      first.chat, first.structured))
+    return cells
+
+
+# -- servers -----------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def server_command(setup: ServedSetup, arm: str, target: str, draft: str | None, port: int,
+                   max_num_seqs: int) -> tuple[list[str], dict]:
+    """(argv, extra environment) of ``vllm-specplug serve`` for one arm."""
+    argv = [sys.executable, "-m", "vllm_specplug.cli", "serve", target,
+            "--host", "127.0.0.1", "--port", str(port), "--served-model-name", SERVED_NAME,
+            "--max-model-len", str(setup.max_model_len), "--max-num-seqs", str(max_num_seqs),
+            "--enforce-eager", "--seed", "0"]
+    if setup.dtype:
+        argv += ["--dtype", setup.dtype]
+    env = {}
+    if arm != "plain":
+        k = {"vllm-k2": 2, "vllm-k4": 4}.get(arm, setup.ceiling)
+        spec = {"method": setup.method, "num_speculative_tokens": k, **setup.spec_extra}
+        if draft:
+            spec["model"] = draft
+        if arm == "vllm-table":
+            spec["num_speculative_tokens_per_batch_size"] = [
+                [lo, hi, min(kk, setup.ceiling)] for lo, hi, kk in VLLM_TABLE]
+        argv += ["--speculative-config", json.dumps(spec)]
+    if arm == "adaptive":
+        argv += ["--scheduler-cls", "vllm_specplug.AdaptiveSpecScheduler",
+                 "--additional-config", json.dumps({"specplug": {"policy": "goodput"}})]
+    else:
+        # vLLM as a user runs it: no plugin of this package is loaded.
+        env["VLLM_PLUGINS"] = "none"
+    return argv, env
+
+
+def _children(pid: int) -> list[int]:
+    kids, out = {}, [pid]
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                kids.setdefault(ppid, []).append(int(d))
+            except (OSError, ValueError, IndexError):
+                pass
+    i = 0
+    while i < len(out):
+        out += kids.get(out[i], [])
+        i += 1
+    return out
+
+
+def resident_gib(pid: int, field_name: str = "VmRSS") -> float:
+    """Resident memory of a process and its descendants (GiB)."""
+    total = 0
+    for p in _children(pid):
+        try:
+            with open(f"/proc/{p}/status") as f:
+                for line in f:
+                    if line.startswith(field_name + ":"):
+                        total += int(line.split()[1])
+        except OSError:
+            pass
+    return total / 2**20
+
+
+KV_LINE = re.compile(r"KV cache size: ([\d,]+) tokens")
+
+
+class Server:
+    def __init__(self, argv, env, log_path: Path, port: int):
+        self.port = port
+        self.base = f"http://127.0.0.1:{port}"
+        self.log_path = log_path
+        self._log = open(log_path, "w")
+        self.t0 = time.time()
+        self.proc = subprocess.Popen(argv, env={**os.environ, **env}, stdout=self._log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+
+    def wait_ready(self, timeout: float = 900.0) -> float:
+        while time.time() - self.t0 < timeout:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode} before it was "
+                                   f"ready; its log: {self.log_path}\n{self.tail()}")
+            try:
+                with urllib.request.urlopen(self.base + "/health", timeout=5) as r:
+                    if r.status == 200:
+                        return time.time() - self.t0
+            except OSError:
+                pass
+            time.sleep(1.0)
+        raise RuntimeError(f"server not ready after {timeout:.0f} s; log: {self.log_path}")
+
+    def tail(self, n: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def kv_tokens(self) -> int | None:
+        m = KV_LINE.findall(self.log_path.read_text(errors="replace"))
+        return int(m[-1].replace(",", "")) if m else None
+
+    def spec_counters(self) -> dict:
+        """vLLM's spec-decode counters, summed over labels."""
+        out = {"drafts": 0.0, "draft_tokens": 0.0, "accepted": 0.0}
+        names = {"vllm:spec_decode_num_drafts_total": "drafts",
+                 "vllm:spec_decode_num_draft_tokens_total": "draft_tokens",
+                 "vllm:spec_decode_num_accepted_tokens_total": "accepted"}
+        try:
+            with urllib.request.urlopen(self.base + "/metrics", timeout=10) as r:
+                text = r.read().decode()
+        except OSError:
+            return out
+        for line in text.splitlines():
+            name = line.split("{", 1)[0].split(" ", 1)[0]
+            if name in names:
+                try:
+                    out[names[name]] += float(line.rsplit(" ", 1)[1])
+                except ValueError:
+                    pass
+        return out
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGINT)
+                self.proc.wait(timeout=60)
+            except (subprocess.TimeoutExpired, ProcessLookupError):
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self.proc.wait()
+        self._log.close()
+
+
+# -- the client --------------------------------------------------------------
+def client_command(server: Server, cell: Cell, setup: ServedSetup, tokenizer_path: str,
+                   result_dir: Path, name: str) -> list[str]:
+    argv = [sys.executable, "-m", "vllm_specplug.cli", "vllm", "bench", "serve",
+            "--backend", "openai-chat" if cell.chat else "vllm",
+            "--base-url", server.base,
+            "--endpoint", "/v1/chat/completions" if cell.chat else "/v1/completions",
+            "--model", SERVED_NAME, "--tokenizer", tokenizer_path,
+            "--dataset-name", "custom", "--dataset-path", cell.path,
+            "--num-prompts", str(cell.requests), "--disable-shuffle", "--skip-chat-template",
+            "--custom-output-len", str(setup.output_tokens),
+            "--temperature", "0", "--seed", "0",
+            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
+            # Waiting on /health is done here: vLLM's ready check sends a full
+            # request first, which would warm a cold server.
+            "--ready-check-timeout-sec", "0", "--num-warmups", "0",
+            "--save-result", "--save-detailed", "--result-dir", str(result_dir),
+            "--result-filename", name, "--disable-tqdm"]
+    if cell.kind == "rate":
+        argv += ["--request-rate", str(setup.rate)]
+    else:
+        argv += ["--request-rate", "inf", "--max-concurrency", str(cell.concurrency)]
+    if cell.structured:
+        # The grammar ends the object; ignore_eos would run past it.
+        argv += ["--extra-body", json.dumps({"structured_outputs": {"json": JSON_SCHEMA}})]
+    else:
+        argv += ["--ignore-eos"]
+    return argv
+
+
+KEEP = ("completed", "failed", "duration", "total_output_tokens", "output_throughput",
+        "request_throughput", "mean_ttft_ms", "median_ttft_ms", "p50_ttft_ms", "p99_ttft_ms",
+        "mean_tpot_ms", "median_tpot_ms", "p50_tpot_ms", "p99_tpot_ms", "mean_itl_ms",
+        "p50_itl_ms", "p99_itl_ms", "mean_e2el_ms", "p99_e2el_ms")
+
+
+def run_cell(server, cell, setup, tokenizer_path, out: Path, arm: str) -> dict:
+    result_dir = out / "raw" / setup.name / arm
+    result_dir.mkdir(parents=True, exist_ok=True)
+    name = cell.key.replace("/", "-") + ".json"
+    before = server.spec_counters()
+    argv = client_command(server, cell, setup, tokenizer_path, result_dir, name)
+    log = result_dir / (name[:-5] + ".log")
+    with open(log, "w") as f:
+        rc = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT).returncode
+    if rc != 0 or not (result_dir / name).is_file():
+        raise RuntimeError(f"vllm bench serve failed ({rc}) on {arm} {cell.key}; log: {log}\n"
+                           + "\n".join(log.read_text(errors="replace").splitlines()[-20:]))
+    raw = json.loads((result_dir / name).read_text())
+    after = server.spec_counters()
+    d = {k: after[k] - before[k] for k in after}
+    rec = {k: raw.get(k) for k in KEEP if k in raw}
+    rec.update(setup=setup.name, arm=arm, workload=cell.workload, kind=cell.kind,
+               concurrency=cell.concurrency, rate=setup.rate if cell.kind == "rate" else None,
+               requests=cell.requests,
+               acceptance=(d["accepted"] / d["draft_tokens"]) if d["draft_tokens"] else None,
+               drafts_per_draft_step=(d["draft_tokens"] / d["drafts"]) if d["drafts"] else 0.0,
+               accepted_len=(1 + d["accepted"] / d["drafts"]) if d["drafts"] else None)
+    itls, lens = raw.get("itls") or [], raw.get("output_lens") or []
+    rec["tpots_ms"] = [1e3 * statistics.fmean(x) for x in itls if x]
+    rec["texts"] = raw.get("generated_texts") or []
+    rec["output_lens"] = lens
+    errors = [e for e in (raw.get("errors") or []) if e]
+    if errors:
+        rec["errors"] = errors[:5]
+    return rec
+
+
+# -- the grid ----------------------------------------------------------------
+def _estimate(setup, cells, arms) -> float:
+    per_arm = setup.ready_s
+    for cell in cells:
+        c = max(cell.concurrency, 1)
+        per_arm += (cell.requests * setup.output_tokens / (setup.nominal_tok_s * min(c, 3) ** 0.6)
+                    + cell.requests * 150 * setup.prefill_s_per_token + 3)
+    return per_arm * len(arms)
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="python -m vllm_specplug.bench --served",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--served", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--quick", action="store_true",
+                   help="Qwen pair, HumanEval + ShareGPT, c=1,4, plain/vllm-k4/adaptive (~15 min)")
+    p.add_argument("--setups", default="qwen,smollm-ngram", help=f"comma-separated: {', '.join(SETUPS)}")
+    p.add_argument("--workloads", default=None,
+                   help="comma-separated: humaneval, sharegpt, mixed, json (default: the setup's)")
+    p.add_argument("--concurrency", default=None, help="comma-separated (default: the setup's)")
+    p.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated: {', '.join(ARMS)}")
+    p.add_argument("--no-rate", action="store_true", help="skip the Poisson request-rate cell")
+    p.add_argument("--out", default="bench-served", help="output folder")
+    p.add_argument("--tiny-root", default="/tmp/vllm-specplug-bench-tiny")
+    p.add_argument("--data-cache", default=None, help="prompt-set cache (vllm-specplug data)")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.setups = ",".join(QUICK["setups"])
+        args.workloads = ",".join(QUICK["workloads"])
+        args.concurrency = ",".join(map(str, QUICK["concurrency"]))
+        args.arms = ",".join(QUICK["arms"])
+        args.no_rate = True
+    bad = [a for a in args.arms.split(",") if a not in ARMS]
+    if bad or "plain" not in args.arms.split(","):
+        raise SystemExit(f"--arms: unknown {bad}; known: {', '.join(ARMS)} (plain is required: "
+                         "every ratio and the greedy comparison are against it)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    from transformers import AutoTokenizer
+
+    from vllm_specplug.bench.runner import env_defaults
+    from vllm_specplug.bench import served_report
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    env_defaults()
+    os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # a server runs as users run it
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    arms = [a for a in ARMS if a in args.arms.split(",")]
+    plan = []
+    for name in args.setups.split(","):
+        if name not in SETUPS:
+            raise SystemExit(f"--setups: unknown {name!r}; known: {', '.join(SETUPS)}")
+        setup = SETUPS[name]
+        workloads = args.workloads.split(",") if args.workloads else list(setup.workloads)
+        conc = ([int(c) for c in args.concurrency.split(",")] if args.concurrency
+                else list(setup.concurrency))
+        target = resolve_model(setup.target, args.tiny_root)
+        draft = resolve_model(setup.draft, args.tiny_root) if setup.draft else None
+        tok = AutoTokenizer.from_pretrained(target)
+        cells = build_cells(setup, workloads, conc, not args.no_rate, out, tok, args.data_cache)
+        plan.append((setup, target, draft, cells, arms))
+    total = sum(_estimate(s, cells, a) for s, _, _, cells, a in plan)
+    n_runs = sum(len(cells) * len(a) for _, _, _, cells, a in plan)
+    print(f"[served] {n_runs} runs, {sum(len(a) for *_, a in plan)} server starts; "
+          f"estimate {total / 60:.0f} min. Progress and time left follow on stderr.", flush=True)
+    progress = Progress(total, "served")
+    started = time.time()
+    runs, servers = [], []
+    for setup, target, draft, cells, setup_arms in plan:
+        max_c = max(c.concurrency for c in cells)
+        for arm in setup_arms:
+            port = _free_port()
+            has_rate = any(c.kind == "rate" for c in cells)
+            argv_s, env = server_command(setup, arm, target, draft, port,
+                                         2 * max_c if has_rate else max_c)
+            log = out / "logs" / f"{setup.name}-{arm}.log"
+            log.parent.mkdir(parents=True, exist_ok=True)
+            server = Server(argv_s, env, log, port)
+            try:
+                ready = server.wait_ready()
+                info = dict(setup=setup.name, arm=arm, ready_s=round(ready, 1),
+                            kv_tokens=server.kv_tokens(),
+                            rss_ready_gib=round(resident_gib(server.proc.pid), 2))
+                progress.advance(setup.ready_s, f"{setup.name} {arm}: ready in {ready:.0f} s, "
+                                 f"KV {info['kv_tokens']} tokens")
+                for cell in cells:
+                    t = time.time()
+                    rec = run_cell(server, cell, setup, target, out, arm)
+                    runs.append(rec)
+                    c = max(cell.concurrency, 1)
+                    units = (cell.requests * setup.output_tokens
+                             / (setup.nominal_tok_s * min(c, 3) ** 0.6)
+                             + cell.requests * 150 * setup.prefill_s_per_token + 3)
+                    progress.advance(units, f"{setup.name} {arm} {cell.key}: "
+                                     f"{rec.get('output_throughput', 0):.2f} tok/s "
+                                     f"({time.time() - t:.0f} s)")
+                info["rss_peak_gib"] = round(resident_gib(server.proc.pid, "VmHWM"), 2)
+                servers.append(info)
+            finally:
+                server.stop()
+    meta = dict(
+        command="python -m vllm_specplug.bench " + " ".join(argv),
+        commit=_commit(), date=time.strftime("%Y-%m-%d %H:%M:%S"),
+        wall_minutes=round((time.time() - started) / 60, 1),
+        machine=f"{platform.machine()}, {os.cpu_count()} CPUs, {_cpu_model()}, "
+                f"{platform.platform()}",
+        vllm=_vllm_version(), setups={s.name: s.title for s, *_ in plan},
+        dtype={s.name: s.dtype or "the model's (bfloat16)" for s, *_ in plan},
+        output_tokens={s.name: s.output_tokens for s, *_ in plan},
+    )
+    results = served_report.summarise(runs, servers, meta)
+    served_report.write(results, out)
+    print(served_report.markdown(results))
+    blamed = [m for m in results["mismatches"] if not m["explained"]]
+    if blamed:
+        print(f"[served] {len(blamed)} greedy mismatch(es) of the adaptive arm that vLLM's static "
+              f"K does not share: see {out / 'results.json'}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, cwd=Path(__file__).resolve().parent).stdout.strip()
+    except OSError:
+        return "unknown"
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def _vllm_version() -> str:
+    from vllm_specplug import compat
+
+    return compat.vllm_version()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,238 @@
+"""Tables, plots and the greedy comparison of the served benchmark.
+
+``results.json`` holds ``meta``, ``servers`` (per arm: ready time, KV-cache
+capacity in tokens as vLLM reports it, resident memory), ``runs`` (one per
+arm and cell, vLLM's client's metrics without the texts), ``cells`` (warm
+cells: each arm's output tokens/s as a multiple of plain's and the adaptive
+arm's ratio to the best of plain and the static arms), ``cold``, ``noise``
+(the first cell run again at the end of each arm's session), ``misses`` and
+``mismatches`` (greedy texts that differ from plain decoding's).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+TARGET = 0.95
+STATIC = ("vllm-k2", "vllm-k4", "vllm-table")
+ORDER = ("plain", "vllm-k2", "vllm-k4", "vllm-table", "adaptive")
+
+
+def _load(r) -> str:
+    return f"rate {r['rate']}/s" if r["kind"] == "rate" else f"c={r['concurrency']}"
+
+
+def _by(runs, kind):
+    out = {}
+    for r in runs:
+        if r["kind"] == kind:
+            out[(r["setup"], r["workload"], _load(r), r["arm"])] = r
+    return out
+
+
+def _mismatches(runs) -> list[dict]:
+    plain = {(r["setup"], r["workload"], _load(r), r["kind"]): r for r in runs if r["arm"] == "plain"}
+    found = {}
+    for r in runs:
+        base = plain.get((r["setup"], r["workload"], _load(r), r["kind"]))
+        if r["arm"] == "plain" or base is None:
+            continue
+        diff = [i for i, (a, b) in enumerate(zip(r["texts"], base["texts"])) if a != b]
+        diff += list(range(min(len(r["texts"]), len(base["texts"])),
+                           max(len(r["texts"]), len(base["texts"]))))
+        if diff:
+            found[(r["setup"], r["workload"], _load(r), r["kind"], r["arm"])] = diff
+    out = []
+    for (s, w, load, kind, arm), diff in found.items():
+        statics = set()
+        for a in STATIC:
+            statics.update(found.get((s, w, load, kind, a), []))
+        explained = arm in STATIC or set(diff) <= statics
+        out.append(dict(setup=s, workload=w, load=load, kind=kind, arm=arm, requests=diff,
+                        explained=explained))
+    return out
+
+
+def summarise(runs: list[dict], servers: list[dict], meta: dict) -> dict:
+    warm, cold, rep = _by(runs, "c"), _by(runs, "cold"), _by(runs, "repeat")
+    warm.update(_by(runs, "rate"))
+    cells = []
+    for (s, w, load) in sorted({k[:3] for k in warm}, key=lambda k: (k[0], k[1], k[2])):
+        arms = {a: warm[(s, w, load, a)] for a in ORDER if (s, w, load, a) in warm}
+        plain = arms.get("plain", {}).get("output_throughput")
+        cell = dict(setup=s, workload=w, load=load, plain_tok_s=plain,
+                    x_plain={a: (r["output_throughput"] / plain if plain else None)
+                             for a, r in arms.items()})
+        fixed = {a: r["output_throughput"] for a, r in arms.items() if a != "adaptive"}
+        if "adaptive" in arms and fixed:
+            best = max(fixed, key=fixed.get)
+            cell.update(best_fixed=best,
+                        adaptive_vs_best=arms["adaptive"]["output_throughput"] / fixed[best])
+        cells.append(cell)
+    cold_rows = []
+    for (s, w, load, a), r in sorted(cold.items()):
+        warm_r = warm.get((s, w, load, a))
+        cold_rows.append(dict(setup=s, workload=w, load=load, arm=a,
+                              cold_tok_s=r["output_throughput"],
+                              warm_tok_s=warm_r["output_throughput"] if warm_r else None,
+                              cold_ttft_ms=r.get("mean_ttft_ms"),
+                              warm_ttft_ms=warm_r.get("mean_ttft_ms") if warm_r else None))
+    noise = []
+    for (s, w, load, a), r in sorted(rep.items()):
+        first = warm.get((s, w, load, a))
+        if first:
+            x, y = first["output_throughput"], r["output_throughput"]
+            noise.append(dict(setup=s, workload=w, load=load, arm=a, first_tok_s=x,
+                              repeat_tok_s=y, spread=abs(x - y) / max((x + y) / 2, 1e-9)))
+    misses = [dict(setup=c["setup"], workload=c["workload"], load=c["load"],
+                   ratio=c["adaptive_vs_best"], best=c["best_fixed"])
+              for c in cells if c.get("adaptive_vs_best") is not None
+              and c["adaptive_vs_best"] < TARGET]
+    slim = [{k: v for k, v in r.items() if k not in ("texts", "tpots_ms")} for r in runs]
+    return dict(meta=meta, servers=servers, runs=slim, cells=cells, cold=cold_rows, noise=noise,
+                misses=misses, mismatches=_mismatches(runs),
+                tpots={f"{r['setup']}|{r['workload']}|{_load(r)}|{r['arm']}": r["tpots_ms"]
+                       for r in runs if r["kind"] in ("c", "rate")})
+
+
+def _f(x, fmt="{:.2f}"):
+    return "-" if x is None else fmt.format(x)
+
+
+def markdown(res: dict) -> str:
+    m = res["meta"]
+    lines = []
+    for s, title in m["setups"].items():
+        cells = [c for c in res["cells"] if c["setup"] == s]
+        arms = [a for a in ORDER if any(a in c["x_plain"] for c in cells)]
+        lines += [f"### {title}", "",
+                  f"Served with `vllm-specplug serve`, measured with `vllm bench serve` (temperature 0, "
+                  f"{m['output_tokens'][s]} output tokens per request, dtype {m['dtype'][s]}). "
+                  "Output tokens/s as a multiple of plain decoding's (its tok/s in its column); "
+                  "warm cells (after the server's cold run).", "",
+                  "| workload | load | plain | " + " | ".join(a for a in arms if a != "plain")
+                  + " | best fixed | adaptive / best |",
+                  "|---|---|---|" + "---|" * (len(arms) - 1) + "---|---|"]
+        for c in cells:
+            row = [c["workload"], c["load"], _f(c["plain_tok_s"], "{:.2f} tok/s")]
+            row += [_f(c["x_plain"].get(a), "{:.2f}x") for a in arms if a != "plain"]
+            row += [c.get("best_fixed", "-"), _f(c.get("adaptive_vs_best"))]
+            lines.append("| " + " | ".join(row) + " |")
+        lines += ["", "| workload | load | arm | TTFT mean / p50 / p99 (ms) | TPOT mean / p50 / p99 (ms) "
+                  "| acceptance | tokens per draft step |", "|---|---|---|---|---|---|---|"]
+        for r in sorted((r for r in res["runs"] if r["setup"] == s and r["kind"] in ("c", "rate")),
+                        key=lambda r: (r["workload"], _load(r), ORDER.index(r["arm"]))):
+            lines.append(
+                f"| {r['workload']} | {_load(r)} | {r['arm']} | "
+                f"{_f(r.get('mean_ttft_ms'), '{:.0f}')} / {_f(r.get('p50_ttft_ms'), '{:.0f}')} / "
+                f"{_f(r.get('p99_ttft_ms'), '{:.0f}')} | {_f(r.get('mean_tpot_ms'), '{:.0f}')} / "
+                f"{_f(r.get('p50_tpot_ms'), '{:.0f}')} / {_f(r.get('p99_tpot_ms'), '{:.0f}')} | "
+                f"{_f(r.get('acceptance'))} | {_f(r.get('accepted_len'))} |")
+        cold = [c for c in res["cold"] if c["setup"] == s]
+        if cold:
+            lines += ["", "Cold (the first requests after the server is ready) and warm, same load "
+                      "and workload, other prompts:", "",
+                      "| arm | workload | load | cold tok/s | warm tok/s | cold / warm | "
+                      "cold TTFT (ms) | warm TTFT (ms) |", "|---|---|---|---|---|---|---|---|"]
+            for c in sorted(cold, key=lambda c: ORDER.index(c["arm"])):
+                ratio = (c["cold_tok_s"] / c["warm_tok_s"]) if c["warm_tok_s"] else None
+                lines.append(f"| {c['arm']} | {c['workload']} | {c['load']} | {_f(c['cold_tok_s'])} "
+                             f"| {_f(c['warm_tok_s'])} | {_f(ratio)} | "
+                             f"{_f(c['cold_ttft_ms'], '{:.0f}')} | {_f(c['warm_ttft_ms'], '{:.0f}')} |")
+        srv = [x for x in res["servers"] if x["setup"] == s]
+        if srv:
+            lines += ["", "Memory: the KV cache vLLM sized at start-up (tokens; on CPU the space is "
+                      "`VLLM_CPU_KVCACHE_SPACE`, shared with the draft's KV) and the server's resident "
+                      "memory, all processes:", "",
+                      "| arm | ready (s) | KV cache (tokens) | resident at ready (GiB) | peak (GiB) |",
+                      "|---|---|---|---|---|"]
+            for x in sorted(srv, key=lambda x: ORDER.index(x["arm"])):
+                lines.append(f"| {x['arm']} | {x['ready_s']} | "
+                             f"{_f(x['kv_tokens'], '{:,}')} | {x['rss_ready_gib']} | "
+                             f"{x.get('rss_peak_gib', '-')} |")
+        noise = [n for n in res["noise"] if n["setup"] == s]
+        if noise:
+            spread = max(n["spread"] for n in noise)
+            lines += ["", f"Noise: the first cell ({noise[0]['workload']}, {noise[0]['load']}) ran "
+                      f"again at the end of each arm's session; the largest spread was "
+                      f"{100 * spread:.0f}% (" + ", ".join(f"{n['arm']} {100 * n['spread']:.0f}%"
+                                                       for n in noise) + ")."]
+        lines.append("")
+    misses = res["misses"]
+    lines.append(f"Target: adaptive >= {TARGET} x the best of plain and the static arms, per cell. "
+                 f"{len(res['cells']) - len(misses)} of "
+                 f"{sum(1 for c in res['cells'] if c.get('adaptive_vs_best') is not None)} met.")
+    for x in misses:
+        lines.append(f"- MISSED: {x['setup']} {x['workload']} {x['load']}: {x['ratio']:.3f} of "
+                     f"{x['best']}")
+    mism = res["mismatches"]
+    if mism:
+        lines += ["", f"**Greedy texts that differ from plain decoding** ({len(mism)} arm-cells):"]
+        for x in mism:
+            why = ("vLLM's own static K" if x["arm"] in STATIC else
+                   "requests a static arm also changed (verification numerics)" if x["explained"]
+                   else "NOT explained by a static arm")
+            lines.append(f"- {x['setup']} {x['workload']} {x['load']} ({x['kind']}) {x['arm']}: "
+                         f"requests {x['requests']}: {why}")
+    else:
+        lines += ["", "Every arm's greedy texts equal plain decoding's."]
+    return "\n".join(lines) + "\n"
+
+
+def write(res: dict, out: Path) -> None:
+    m = res["meta"]
+    (out / "results.json").write_text(json.dumps(res, indent=1))
+    (out / "results.md").write_text(
+        f"Command: `{m['command']}` at commit {m['commit']}  \nMachine: {m['machine']}, "
+        f"vLLM {m['vllm']}, {m['date']}, {m['wall_minutes']} min\n\n" + markdown(res))
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("[served] matplotlib is not installed: no plots")
+        return
+    for s, title in m["setups"].items():
+        cells = [c for c in res["cells"] if c["setup"] == s and c["load"].startswith("c=")]
+        workloads = list(dict.fromkeys(c["workload"] for c in cells))
+        if not workloads:
+            continue
+        arms = [a for a in ORDER if any(a in c["x_plain"] for c in cells)]
+        fig, axes = plt.subplots(1, len(workloads), figsize=(4.2 * len(workloads), 3.8),
+                                 squeeze=False, sharey=True)
+        for ax, w in zip(axes[0], workloads):
+            for a in arms:
+                pts = sorted((int(c["load"][2:]), c["x_plain"].get(a)) for c in cells
+                             if c["workload"] == w and c["x_plain"].get(a) is not None)
+                style = dict(lw=2.5, color="black") if a == "adaptive" else dict(lw=1.2)
+                ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=a, **style)
+            ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+            ax.set_title(w)
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("concurrency")
+        axes[0][0].set_ylabel("output tok/s / plain decoding")
+        axes[0][-1].legend(fontsize=7, loc="best")
+        fig.suptitle(f"{title} (served, vllm bench serve)")
+        fig.tight_layout()
+        fig.savefig(out / f"served-speedup-{s}.png", dpi=110)
+        plt.close(fig)
+        # Per-request TPOT distributions, one panel per workload and load.
+        keys = [k for k in res["tpots"] if k.startswith(s + "|")]
+        panels = list(dict.fromkeys("|".join(k.split("|")[1:3]) for k in keys))
+        if not panels:
+            continue
+        fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 3.6), squeeze=False)
+        for ax, p in zip(axes[0], panels):
+            data = [(a, res["tpots"].get(f"{s}|{p}|{a}") or []) for a in arms]
+            data = [(a, d) for a, d in data if d]
+            ax.boxplot([d for _, d in data], showfliers=True)
+            ax.set_xticks(range(1, len(data) + 1), [a for a, _ in data], rotation=45,
+                          fontsize=7)
+            ax.set_title(p.replace("|", " "), fontsize=9)
+        axes[0][0].set_ylabel("TPOT per request (ms)")
+        fig.suptitle(f"{title}: time per output token")
+        fig.tight_layout()
+        fig.savefig(out / f"served-tpot-{s}.png", dpi=110)
+        plt.close(fig)
