@@ -5,8 +5,9 @@ capacity in tokens as vLLM reports it, resident memory), ``runs`` (one per
 arm and cell, vLLM's client's metrics without the texts), ``cells`` (warm
 cells: each arm's output tokens/s as a multiple of plain's and the adaptive
 arm's ratio to the best of plain and the static arms), ``cold``, ``noise``
-(the first cell run again at the end of each arm's session), ``misses`` and
-``mismatches`` (greedy texts that differ from plain decoding's).
+(the first cell run again at the end of each arm's session), ``misses``,
+``failures`` (runs or server starts that failed; the grid goes on without
+them) and ``mismatches`` (greedy texts that differ from plain decoding's).
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ def _mismatches(runs) -> list[dict]:
     return out
 
 
-def summarise(runs: list[dict], servers: list[dict], meta: dict) -> dict:
+def summarise(runs: list[dict], servers: list[dict], meta: dict,
+              failures: list[dict] | None = None) -> dict:
     warm, cold, rep = _by(runs, "c"), _by(runs, "cold"), _by(runs, "repeat")
     warm.update(_by(runs, "rate"))
     cells = []
@@ -91,7 +93,7 @@ def summarise(runs: list[dict], servers: list[dict], meta: dict) -> dict:
               and c["adaptive_vs_best"] < TARGET]
     slim = [{k: v for k, v in r.items() if k not in ("texts", "tpots_ms")} for r in runs]
     return dict(meta=meta, servers=servers, runs=slim, cells=cells, cold=cold_rows, noise=noise,
-                misses=misses, mismatches=_mismatches(runs),
+                misses=misses, failures=failures or [], mismatches=_mismatches(runs),
                 tpots={f"{r['setup']}|{r['workload']}|{_load(r)}|{r['arm']}": r["tpots_ms"]
                        for r in runs if r["kind"] in ("c", "rate")})
 
@@ -166,6 +168,10 @@ def markdown(res: dict) -> str:
     for x in misses:
         lines.append(f"- MISSED: {x['setup']} {x['workload']} {x['load']}: {x['ratio']:.3f} of "
                      f"{x['best']}")
+    for x in res.get("failures", []):
+        where = x["cell"] or "server start"
+        lines.append(f"- FAILED: {x['setup']} {x['arm']} {where}: "
+                     + x["error"].splitlines()[0][:200])
     mism = res["mismatches"]
     if mism:
         lines += ["", f"**Greedy texts that differ from plain decoding** ({len(mism)} arm-cells):"]

@@ -1,0 +1,88 @@
+"""The served benchmark (``python -m vllm_specplug.bench --served``): the report
+on made-up runs, then the whole mode end to end on the tiny models: real
+``vllm-specplug serve`` processes driven by vLLM's own ``vllm bench serve``.
+Speed is not checked here; that is what the benchmark itself is for."""
+
+import json
+
+import pytest
+
+from vllm_specplug.bench import served, served_report
+
+
+def run(arm, tok_s, workload="humaneval", kind="c", c=1, texts=("a", "b")):
+    return dict(setup="s", arm=arm, workload=workload, kind=kind, concurrency=c, rate=None,
+                requests=len(texts), output_throughput=tok_s, mean_ttft_ms=10.0,
+                texts=list(texts), tpots_ms=[1.0] * len(texts), output_lens=[4] * len(texts))
+
+
+def test_report_ratios_misses_and_mismatches():
+    runs = [run("plain", 10.0), run("vllm-k4", 16.0), run("adaptive", 15.0),
+            run("plain", 20.0, c=4), run("vllm-k4", 12.0, c=4),
+            run("adaptive", 18.0, c=4, texts=("a", "X")),
+            run("plain", 8.0, kind="cold"), run("adaptive", 12.0, kind="cold"),
+            run("plain", 11.0, kind="repeat"), run("adaptive", 14.0, kind="repeat")]
+    res = served_report.summarise(runs, [], {"setups": {"s": "S"}},
+                                  [dict(setup="s", arm="vllm-k2", cell=None, error="boom")])
+    cells = {c["load"]: c for c in res["cells"]}
+    assert cells["c=1"]["best_fixed"] == "vllm-k4"
+    assert cells["c=1"]["adaptive_vs_best"] == pytest.approx(15 / 16)
+    assert cells["c=4"]["best_fixed"] == "plain"
+    assert cells["c=4"]["adaptive_vs_best"] == pytest.approx(18 / 20)
+    assert [m["load"] for m in res["misses"]] == ["c=1", "c=4"]  # 0.9375 and 0.9 < 0.95
+    (mm,) = res["mismatches"]
+    assert (mm["arm"], mm["load"], mm["requests"], mm["explained"]) == ("adaptive", "c=4", [1], False)
+    (cold,) = [c for c in res["cold"] if c["arm"] == "adaptive"]
+    assert (cold["cold_tok_s"], cold["warm_tok_s"]) == (12.0, 15.0)
+    assert {n["arm"]: round(n["spread"], 3) for n in res["noise"]} == {
+        "plain": round(1 / 10.5, 3), "adaptive": round(1 / 14.5, 3)}
+    md = served_report.markdown(dict(res, meta={"setups": {"s": "S"}, "output_tokens": {"s": 4},
+                                                "dtype": {"s": "float32"}}))
+    assert "MISSED: s humaneval c=1: 0.938 of vllm-k4" in md
+    assert "FAILED: s vllm-k2 server start: boom" in md
+    assert "NOT explained by a static arm" in md
+
+
+def test_a_mismatch_a_static_arm_shares_is_explained():
+    runs = [run("plain", 10.0), run("vllm-k2", 12.0, texts=("a", "X")),
+            run("adaptive", 12.0, texts=("a", "X"))]
+    res = served_report.summarise(runs, [], {"setups": {"s": "S"}})
+    assert all(m["explained"] for m in res["mismatches"])
+
+
+def test_server_commands_run_vllm_as_users_do():
+    setup = served.SETUPS["qwen"]
+    argv, env = served.server_command(setup, "vllm-k4", "/t", "/d", 8000, 4)
+    spec = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert spec == {"method": "draft_model", "num_speculative_tokens": 4, "model": "/d"}
+    assert "--scheduler-cls" not in argv and env == {"VLLM_PLUGINS": "none"}
+    argv, env = served.server_command(setup, "adaptive", "/t", "/d", 8000, 4)
+    spec = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert spec["num_speculative_tokens"] == setup.ceiling and env == {}
+    assert argv[argv.index("--scheduler-cls") + 1] == "vllm_specplug.AdaptiveSpecScheduler"
+    argv, _ = served.server_command(setup, "plain", "/t", "/d", 8000, 4)
+    assert "--speculative-config" not in argv
+    with pytest.raises(SystemExit, match="plain is required"):
+        served.parse_args(["--served", "--arms", "adaptive"])
+
+
+def test_served_mode_end_to_end_on_tiny_models(tmp_path):
+    out = tmp_path / "served"
+    rc = served.main(["--served", "--setups", "tiny", "--workloads", "easy",
+                      "--concurrency", "1", "--arms", "plain,adaptive", "--out", str(out),
+                      "--tiny-root", str(tmp_path / "tiny")])
+    res = json.loads((out / "results.json").read_text())
+    assert not res["failures"], res["failures"]
+    assert rc == 0
+    kinds = {(r["arm"], r["kind"]) for r in res["runs"]}
+    assert kinds == {(a, k) for a in ("plain", "adaptive") for k in ("cold", "c", "repeat")}
+    for r in res["runs"]:
+        assert r["completed"] == r["requests"] and r["failed"] == 0
+    # Greedy texts of the adaptive arm equal plain decoding's, request by request.
+    assert res["mismatches"] == []
+    (cell,) = res["cells"]
+    assert cell["adaptive_vs_best"] > 0 and cell["best_fixed"] == "plain"
+    adaptive = [r for r in res["runs"] if r["arm"] == "adaptive" and r["kind"] == "c"][0]
+    assert adaptive["acceptance"] is not None  # it drafted, through vLLM's counters
+    assert all(s["kv_tokens"] > 0 for s in res["servers"])
+    assert (out / "results.md").is_file() and (out / "served-speedup-tiny.png").is_file()
