@@ -77,17 +77,17 @@ SETUPS = {
         name="qwen", title="Qwen2.5-Coder-1.5B + 0.5B draft (draft_model)",
         target="qwen-coder-1.5b", method="draft_model", draft="qwen-coder-0.5b", ceiling=8,
         workloads=("humaneval", "sharegpt", "mixed", "json"), concurrency=(1, 4),
-        output_tokens=64, requests=4, rate=0.0,
+        output_tokens=64, requests=3, rate=0.0,
         # vLLM's batch table gives K=4 to one request and K=2 to four: at this
         # grid's loads it is the vllm-k4 and vllm-k2 arms, so it is not run twice.
         arms=("plain", "vllm-k2", "vllm-k4", "adaptive"),
-        nominal_tok_s=7.0, prefill_s_per_token=0.005, ready_s=80.0),
+        nominal_tok_s=5.4, prefill_s_per_token=0.005, ready_s=65.0),
     "smollm-ngram": ServedSetup(
         name="smollm-ngram", title="SmolLM2-135M + n-gram prompt lookup",
         target="smollm2-135m", method="ngram", draft=None, ceiling=8,
         spec_extra={"prompt_lookup_min": 2, "prompt_lookup_max": 5},
         workloads=("humaneval", "sharegpt", "mixed", "json"), concurrency=(1, 2, 4, 8),
-        output_tokens=64, requests=4, rate=1.0,
+        output_tokens=64, requests=3, rate=1.0,
         nominal_tok_s=26.0, prefill_s_per_token=0.001, ready_s=35.0),
     # Smoke test only: tiny random-weight models made on the spot.
     "tiny": ServedSetup(
