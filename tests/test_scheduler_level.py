@@ -435,3 +435,38 @@ def test_garbage_timings_do_not_destabilise_k(tiny_models, async_scheduling):
     # The stalls moved the profile's price by a few correction steps, no more.
     corr = ctrl.pricer.correction
     assert abs(math.log(corr.ratio(4 + 4 * CEILING, True))) <= 5 * corr.step
+
+
+def test_drafts_structured_output_rejects_are_not_learnt_as_rejections(tiny_models):
+    """Async scheduling with structured output: drafts against the grammar
+    are padded with -1 before verification (``num_invalid_spec_tokens``) and
+    never offered.  vLLM leaves them out of its counts; so must the controller,
+    or a good draft under a strict grammar looks bad and loses its drafts."""
+    sched = build_scheduler(tiny_models["target"], True)
+    sched.add_request(make_request("a", 80))
+    # The grammar allows each step's first draft only, and the draft is right.
+    run = SyntheticRun(sched, {"a": lambda n: 1})
+    marked, seen = [], []
+    make_output = run.model_output
+
+    def grammar(so):
+        for rid, spec in so.scheduled_spec_decode_tokens.items():
+            if len(spec) > 1:
+                spec[1:] = [-1] * (len(spec) - 1)
+                so.num_invalid_spec_tokens = {**(so.num_invalid_spec_tokens or {}),
+                                              rid: len(spec) - 1}
+                marked.append(len(spec) - 1)
+        return make_output(so)
+
+    run.model_output = grammar
+    ctrl = sched.specplug.controller
+    observe = ctrl.observe_verifications
+
+    def spy(rids, drafted, accepted):
+        seen.extend(zip(drafted, accepted))
+        return observe(rids, drafted, accepted)
+
+    ctrl.observe_verifications = spy
+    run.run()
+    assert marked, "no step offered more than one draft: nothing was checked"
+    assert seen and all(d == a == 1 for d, a in seen), seen

@@ -437,6 +437,10 @@ class _AdaptiveSpecMixin:
         drafted: list[int] = []
         accepted: list[int] = []
         verified: dict[str, list[int]] | None = {} if sp.trace is not None else None
+        # Drafts that structured output found against the grammar were padded
+        # with -1 and never offered (async scheduling); vLLM leaves them out
+        # of its own counts, and they say nothing about the draft's agreement.
+        invalid = getattr(scheduler_output, "num_invalid_spec_tokens", None) or {}
         for rid, spec in scheduler_output.scheduled_spec_decode_tokens.items():
             if not spec:
                 continue
@@ -444,14 +448,17 @@ class _AdaptiveSpecMixin:
             if idx is None or not sampled or idx >= len(sampled) or len(sampled[idx]) == 0:
                 continue
             if verified is not None:
-                verified[rid] = [len(spec), len(sampled[idx]) - 1]
+                verified[rid] = [len(spec) - invalid.get(rid, 0), len(sampled[idx]) - 1]
             if spec[0] == -1 and not is_async:
                 # Sync mode: vLLM's own padding placeholders (no real draft
                 # behind them).  Async mode: every entry is a placeholder the
                 # worker fills with the previous step's drafts, so count them.
                 continue
+            offered = len(spec) - invalid.get(rid, 0)
+            if offered <= 0:
+                continue
             rids.append(rid)
-            drafted.append(len(spec))
+            drafted.append(offered)
             accepted.append(len(sampled[idx]) - 1)
         if rids:
             ctrl.observe_verifications(rids, drafted, accepted)
