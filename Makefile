@@ -1,5 +1,5 @@
 # The two commands a newcomer runs on a fresh machine:
-#   make demo   -- sets up the venv, fetches the Qwen pair, runs the demo
+#   make demo   -- sets up the venv, fetches the Qwen pair and the prompt sets, runs the demo
 #   make test   -- sets up the venv, runs the test suite
 PY ?= python3
 VENV := .venv
@@ -21,7 +21,7 @@ $(STAMP): setup.py
 venv: $(STAMP)
 
 test: venv
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q --durations=15 tests
 
 # Controller and config only: no engine, a few seconds.
 test-fast: venv
@@ -29,6 +29,7 @@ test-fast: venv
 
 demo: venv
 	$(BIN)/python -m vllm_specplug.models fetch qwen-coder-pair
+	$(BIN)/python -m vllm_specplug.datasets fetch humaneval sharegpt
 	$(BIN)/python -m vllm_specplug.demo
 
 clean:

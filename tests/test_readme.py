@@ -1,7 +1,7 @@
 """The README's commands, as written.
 
 Every shell command in the README's indented blocks is extracted.  The cheap
-ones run to the end (``models list``, ``models path``); every other one is
+ones run to the end (``models list``, ``models path``, ``data list``); every other one is
 checked as far as it can be without minutes of work: its program and
 subcommand exist and accept ``--help``, the files it names exist, ``make``
 targets are in the Makefile, and the extras ``pip install`` names are in
@@ -73,7 +73,8 @@ def test_readme_command(cmd, tmp_path):
     rest = argv[1:]
     from vllm_specplug.models import MODELS
 
-    if rest[:2] == ["models", "list"] or (rest[:2] == ["models", "path"] and rest[2] in MODELS):
+    if rest[:2] in (["models", "list"], ["data", "list"]) or (
+            rest[:2] == ["models", "path"] and rest[2] in MODELS):
         r = subprocess.run(exe + rest, capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stderr
         assert r.stdout.strip(), cmd
@@ -81,7 +82,7 @@ def test_readme_command(cmd, tmp_path):
     # Long commands: the program and its subcommand take --help.
     if exe[0] == sys.executable:
         head = rest[:2]  # -m module
-    elif rest[0] in ("models", "trace"):
+    elif rest[0] in ("models", "trace", "data"):
         head = rest[:2]
     else:
         head = rest[:1]

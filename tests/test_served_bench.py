@@ -4,6 +4,7 @@ on made-up runs, then the whole mode end to end on the tiny models: real
 Speed is not checked here; that is what the benchmark itself is for."""
 
 import json
+import os
 
 import pytest
 
@@ -68,9 +69,12 @@ def test_server_commands_run_vllm_as_users_do():
 
 def test_served_mode_end_to_end_on_tiny_models(tmp_path):
     out = tmp_path / "served"
+    env_before = dict(os.environ)
     rc = served.main(["--served", "--setups", "tiny", "--workloads", "easy",
                       "--concurrency", "1", "--arms", "plain,adaptive", "--out", str(out),
                       "--tiny-root", str(tmp_path / "tiny")])
+    # The servers get their settings; this process's environment is left alone.
+    assert dict(os.environ) == env_before
     res = json.loads((out / "results.json").read_text())
     assert not res["failures"], res["failures"]
     assert rc == 0

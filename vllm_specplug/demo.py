@@ -1,15 +1,15 @@
-"""The main job: the benchmark's quick mode on the Qwen coder pair.
+"""The main job: the served benchmark's quick mode on the Qwen coder pair.
 
     make demo        # or: python -m vllm_specplug.demo
 
-Runs ``python -m vllm_specplug.bench --quick``: Qwen2.5-Coder-1.5B (target)
-with Qwen2.5-Coder-0.5B (draft) from the offline model cache, on an easy
-workload (code completion: the draft agrees) and a hard one (open prose: it
-often does not), one request at a time, comparing plain decoding, static
-K=2 and K=4, the adaptive policy, and the adaptive policy without zero-cost
-fallback.  Prints a table, checks that every greedy output equals plain
-decoding, and writes ``results.md``, ``results.json`` and PNG plots to
-``demo-results/``.  About ten to fifteen minutes on a 2-core CPU.
+Runs ``python -m vllm_specplug.bench --served --quick``: Qwen2.5-Coder-1.5B
+(target) with Qwen2.5-Coder-0.5B (draft) from the offline model cache, each
+arm a real ``vllm-specplug serve`` driven by vLLM's own ``vllm bench serve``
+on public prompts (HumanEval code completions, ShareGPT chat turns) at one
+and four concurrent requests: plain decoding, vLLM's own static K=4, and the
+adaptive policy.  Prints a table, compares every arm's greedy texts with
+plain decoding's, and writes ``results.md``, ``results.json`` and PNG plots to
+``demo-results/``.  About fifteen minutes on a 2-core CPU.
 """
 
 from __future__ import annotations
@@ -20,24 +20,24 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="demo-results", help="folder for the table and PNGs")
-    parser.add_argument("--max-tokens", type=int, default=None,
-                        help="tokens per request (default: the quick mode's 32)")
+    parser.add_argument("--out", default="demo-results", help="folder for the tables and PNGs")
     args = parser.parse_args(argv)
 
-    from vllm_specplug import models
+    from vllm_specplug import datasets, models
 
     missing = [k for k in models.GROUPS["qwen-coder-pair"] if not models.is_cached(k)]
     if missing:
         print(f"models {missing} are not in the cache; fetch them with:\n"
-              "  python -m vllm_specplug.models fetch qwen-coder-pair", file=sys.stderr)
+              "  vllm-specplug models fetch qwen-coder-pair", file=sys.stderr)
         return 1
-    from vllm_specplug.bench.__main__ import main as bench_main
+    missing = [k for k in ("humaneval", "sharegpt") if not datasets.is_cached(k)]
+    if missing:
+        print(f"prompt sets {missing} are not fetched; fetch them with:\n"
+              "  vllm-specplug data fetch humaneval sharegpt", file=sys.stderr)
+        return 1
+    from vllm_specplug.bench.served import main as served_main
 
-    bench_args = ["--quick", "--out", args.out]
-    if args.max_tokens:
-        bench_args += ["--max-tokens", str(args.max_tokens)]
-    return bench_main(bench_args)
+    return served_main(["--served", "--quick", "--out", args.out])
 
 
 if __name__ == "__main__":

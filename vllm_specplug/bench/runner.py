@@ -50,16 +50,17 @@ class RunResult:
         return d
 
 
-def env_defaults() -> None:
+def env_defaults(env=None) -> None:
+    """The benchmark's vLLM settings, where unset, in ``env`` (default: this process's)."""
     import os
 
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND",
-                          "0-%d" % (max(os.cpu_count() or 1, 1) - 1))
-    os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env = os.environ if env is None else env
+    env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0-%d" % (max(os.cpu_count() or 1, 1) - 1))
+    env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 def resolve_model(key: str, tiny_root: str | None) -> str:

@@ -4,7 +4,7 @@
     python -m vllm_specplug.bench --served             # the full grid (~1 h here; says so up front)
 
 Per arm, ``vllm-specplug serve`` starts once and ``vllm bench serve`` (vLLM's
-own client, through the CPU build's version shim) measures every cell
+own client, run in this process through its library entry point) measures every cell
 against it: output tokens/s, TTFT, TPOT and ITL (mean, p50, p99) at each
 concurrency and at one Poisson request rate.  Arms:
 
@@ -26,6 +26,7 @@ cache capacity vLLM reports at start-up and the server's resident memory.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -282,7 +283,7 @@ class Server:
         self.log_path = log_path
         self._log = open(log_path, "w")
         self.t0 = time.time()
-        self.proc = subprocess.Popen(argv, env={**os.environ, **env}, stdout=self._log,
+        self.proc = subprocess.Popen(argv, env=env, stdout=self._log,
                                      stderr=subprocess.STDOUT, start_new_session=True)
 
     def wait_ready(self, timeout: float = 900.0) -> float:
@@ -344,10 +345,10 @@ class Server:
 
 
 # -- the client --------------------------------------------------------------
-def client_command(server: Server, cell: Cell, setup: ServedSetup, tokenizer_path: str,
-                   result_dir: Path, name: str) -> list[str]:
-    argv = [sys.executable, "-m", "vllm_specplug.cli", "vllm", "bench", "serve",
-            "--backend", "openai-chat" if cell.chat else "vllm",
+def client_args(server: Server, cell: Cell, setup: ServedSetup, tokenizer_path: str,
+                result_dir: Path, name: str) -> list[str]:
+    """The arguments of ``vllm bench serve`` for one cell."""
+    argv = ["--backend", "openai-chat" if cell.chat else "vllm",
             "--base-url", server.base,
             "--endpoint", "/v1/chat/completions" if cell.chat else "/v1/completions",
             "--model", SERVED_NAME, "--tokenizer", tokenizer_path,
@@ -379,18 +380,41 @@ KEEP = ("completed", "failed", "duration", "total_output_tokens", "output_throug
         "p50_itl_ms", "p99_itl_ms", "mean_e2el_ms", "p99_e2el_ms")
 
 
+def vllm_bench_serve(argv: list[str], log: Path) -> None:
+    """vLLM's own ``vllm bench serve`` with these arguments, in this process.
+
+    As a program it would import vLLM again for every run (about 10 s here,
+    a third of a short run's wall time); its library entry point is the same
+    code the CLI calls (``vllm.entrypoints.cli.benchmark.serve``).  Its
+    report goes to ``log``.
+    """
+    from vllm_specplug.serve import install_version_shim
+
+    install_version_shim()  # the CPU build: vLLM asks for its own version
+    from vllm.benchmarks.serve import add_cli_args, main as bench_main
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser(prog="vllm bench serve")
+    add_cli_args(parser)
+    args = parser.parse_args(argv)
+    with open(log, "w") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
+        bench_main(args)
+
+
 def run_cell(server, cell, setup, tokenizer_path, out: Path, arm: str) -> dict:
     result_dir = out / "raw" / setup.name / arm
     result_dir.mkdir(parents=True, exist_ok=True)
     name = cell.key.replace("/", "-") + ".json"
     before = server.spec_counters()
-    argv = client_command(server, cell, setup, tokenizer_path, result_dir, name)
+    argv = client_args(server, cell, setup, tokenizer_path, result_dir, name)
     log = result_dir / (name[:-5] + ".log")
-    with open(log, "w") as f:
-        rc = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT).returncode
-    if rc != 0 or not (result_dir / name).is_file():
-        raise RuntimeError(f"vllm bench serve failed ({rc}) on {arm} {cell.key}; log: {log}\n"
-                           + "\n".join(log.read_text(errors="replace").splitlines()[-20:]))
+    try:
+        vllm_bench_serve(argv, log)
+    except (Exception, SystemExit) as e:  # argparse exits; a failed run must not end the grid
+        raise RuntimeError(f"vllm bench serve failed on {arm} {cell.key} ({e!r}); log: {log}\n"
+                           + "\n".join(log.read_text(errors="replace").splitlines()[-20:])) from e
+    if not (result_dir / name).is_file():
+        raise RuntimeError(f"vllm bench serve wrote no result on {arm} {cell.key}; log: {log}")
     raw = json.loads((result_dir / name).read_text())
     after = server.spec_counters()
     d = {k: after[k] - before[k] for k in after}
@@ -462,8 +486,10 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
-    env_defaults()
-    os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # a server runs as users run it
+    # The servers' environment; this process's is left alone.
+    base_env = dict(os.environ)
+    env_defaults(base_env)
+    base_env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # a server runs as users run it
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     plan = []
@@ -496,7 +522,7 @@ def main(argv: list[str] | None = None) -> int:
                                          2 * max_c if has_rate else max_c)
             log = out / "logs" / f"{setup.name}-{arm}.log"
             log.parent.mkdir(parents=True, exist_ok=True)
-            server = Server(argv_s, env, log, port)
+            server = Server(argv_s, {**base_env, **env}, log, port)
             try:
                 try:
                     ready = server.wait_ready()
