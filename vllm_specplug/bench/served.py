@@ -1,6 +1,6 @@
 """Served benchmark: each arm a real server, driven by vLLM's own client.
 
-    python -m vllm_specplug.bench --served --quick     # ~15 min: Qwen pair, HumanEval + ShareGPT, c=1,4
+    python -m vllm_specplug.bench --served --quick     # ~13 min: Qwen pair, HumanEval + ShareGPT, c=1,4
     python -m vllm_specplug.bench --served             # the full grid (~1 h here; says so up front)
 
 Per arm, ``vllm-specplug serve`` starts once and ``vllm bench serve`` (vLLM's
@@ -19,7 +19,8 @@ grid's, no warm-up, vLLM's ready-check request turned off); every cell
 after it is warm.  The grid's first cell runs again at the end of each
 arm's session: that repeat's spread is the cell noise the report states.
 Every arm's greedy texts are compared with plain decoding's (temperature 0,
-a fixed output length), and the memory each arm takes is recorded: the KV
+a fixed output length; a difference no static arm shares fails the run in
+float32 and is listed in bfloat16), and the memory each arm takes is recorded: the KV
 cache capacity vLLM reports at start-up and the server's resident memory.
 """
 
@@ -452,7 +453,7 @@ def parse_args(argv):
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--served", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--quick", action="store_true",
-                   help="Qwen pair, HumanEval + ShareGPT, c=1,4, plain/vllm-k4/adaptive (~15 min)")
+                   help="Qwen pair, HumanEval + ShareGPT, c=1,4, plain/vllm-k4/adaptive (~13 min)")
     p.add_argument("--setups", default="qwen,smollm-ngram", help=f"comma-separated: {', '.join(SETUPS)}")
     p.add_argument("--workloads", default=None,
                    help="comma-separated: humaneval, sharegpt, mixed, json (default: the setup's)")
@@ -571,13 +572,22 @@ def main(argv: list[str] | None = None) -> int:
     served_report.write(results, out)
     print(served_report.markdown(results))
     blamed = [m for m in results["mismatches"] if not m["explained"]]
-    if blamed:
-        print(f"[served] {len(blamed)} greedy mismatch(es) of the adaptive arm that vLLM's static "
-              f"K does not share: see {out / 'results.json'}", file=sys.stderr)
+    # Exactness is promised where verification is exact: in float32.  In
+    # bfloat16 a K+1-token pass can round a near-tie differently from a
+    # one-token step, and other draft lengths flip other near-ties.
+    exact = {s.name for s, *_ in plan if s.dtype == "float32"}
+    failing = [m for m in blamed if m["setup"] in exact]
+    if failing:
+        print(f"[served] {len(failing)} greedy mismatch(es) in float32 that vLLM's static K does "
+              f"not share: see {out / 'results.md'}", file=sys.stderr)
+    if len(blamed) > len(failing):
+        print(f"[served] note: {len(blamed) - len(failing)} greedy mismatch(es) in bfloat16 that "
+              f"no static arm shares (verification numerics of other draft lengths; exactness "
+              f"is checked in float32): see {out / 'results.md'}", file=sys.stderr)
     if failures:
         print(f"[served] {len(failures)} failed run(s) or server start(s): see "
               f"{out / 'results.md'}", file=sys.stderr)
-    return 1 if blamed or failures else 0
+    return 1 if failing or failures else 0
 
 
 def _commit() -> str:

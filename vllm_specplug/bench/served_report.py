@@ -179,6 +179,9 @@ def markdown(res: dict) -> str:
             why = ("vLLM's own static K" if x["arm"] in STATIC else
                    "requests a static arm also changed (verification numerics)" if x["explained"]
                    else "NOT explained by a static arm")
+            dtype = str(m.get("dtype", {}).get(x["setup"], ""))
+            if not x["explained"] and "float32" not in dtype:
+                why += f" (dtype {dtype}: exactness is checked in float32)"
             lines.append(f"- {x['setup']} {x['workload']} {x['load']} ({x['kind']}) {x['arm']}: "
                          f"requests {x['requests']}: {why}")
     else:
