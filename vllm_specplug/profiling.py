@@ -82,7 +82,7 @@ def cache_dir() -> str:
         os.path.expanduser("~"), ".cache", "vllm-specplug", "profiles")
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -107,10 +107,10 @@ def deployment_key(vllm_config, zero_cost: bool) -> dict[str, Any]:
     try:
         from vllm.platforms import current_platform
 
-        device = (_cpu_model() if current_platform.is_cpu()
+        device = (cpu_model() if current_platform.is_cpu()
                   else str(current_platform.get_device_name()))
     except Exception:
-        device = _cpu_model()
+        device = cpu_model()
     return {
         "target": str(mc.model), "draft": str(getattr(draft, "model", None)),
         "method": str(getattr(spec, "method", None)),

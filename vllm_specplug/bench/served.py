@@ -16,8 +16,8 @@ concurrency and at one Poisson request rate.  Arms:
 
 The first run after a server is up is its cold run (other prompts than the
 grid's, no warm-up, vLLM's ready-check request turned off); every cell
-after it is warm.  The grid's first cell runs again at the end of each
-arm's session: that repeat's spread is the cell noise the report states.
+after it is warm.  The grid's first cell runs again last on each arm's
+server: that repeat's spread is the cell noise the report states.
 Every arm's greedy texts are compared with plain decoding's (temperature 0,
 a fixed output length; a difference no static arm shares fails the run in
 float32 and is listed in bfloat16), and the memory each arm takes is recorded: the KV
@@ -482,7 +482,9 @@ def parse_args(argv):
 def main(argv: list[str] | None = None) -> int:
     from transformers import AutoTokenizer
 
+    from vllm_specplug import compat
     from vllm_specplug.bench.runner import env_defaults
+    from vllm_specplug.profiling import cpu_model
     from vllm_specplug.bench import served_report
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -562,9 +564,9 @@ def main(argv: list[str] | None = None) -> int:
         command="python -m vllm_specplug.bench " + " ".join(argv),
         commit=_commit(), date=time.strftime("%Y-%m-%d %H:%M:%S"),
         wall_minutes=round((time.time() - started) / 60, 1),
-        machine=f"{platform.machine()}, {os.cpu_count()} CPUs, {_cpu_model()}, "
+        machine=f"{platform.machine()}, {os.cpu_count()} CPUs, {cpu_model()}, "
                 f"{platform.platform()}",
-        vllm=_vllm_version(), setups={s.name: s.title for s, *_ in plan},
+        vllm=compat.vllm_version(), setups={s.name: s.title for s, *_ in plan},
         dtype={s.name: s.dtype or "the model's (bfloat16)" for s, *_ in plan},
         output_tokens={s.name: s.output_tokens for s, *_ in plan},
     )
@@ -596,23 +598,6 @@ def _commit() -> str:
                               text=True, cwd=Path(__file__).resolve().parent).stdout.strip()
     except OSError:
         return "unknown"
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
-
-def _vllm_version() -> str:
-    from vllm_specplug import compat
-
-    return compat.vllm_version()
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ capacity in tokens as vLLM reports it, resident memory), ``runs`` (one per
 arm and cell, vLLM's client's metrics without the texts), ``cells`` (warm
 cells: each arm's output tokens/s as a multiple of plain's and the adaptive
 arm's ratio to the best of plain and the static arms), ``cold``, ``noise``
-(the first cell run again at the end of each arm's session), ``misses``,
+(the first cell run again last on each arm's server), ``misses``,
 ``failures`` (runs or server starts that failed; the grid goes on without
 them) and ``mismatches`` (greedy texts that differ from plain decoding's).
 """
@@ -157,7 +157,7 @@ def markdown(res: dict) -> str:
         if noise:
             spread = max(n["spread"] for n in noise)
             lines += ["", f"Noise: the first cell ({noise[0]['workload']}, {noise[0]['load']}) ran "
-                      f"again at the end of each arm's session; the largest spread was "
+                      f"again last on each arm's server; the largest spread was "
                       f"{100 * spread:.0f}% (" + ", ".join(f"{n['arm']} {100 * n['spread']:.0f}%"
                                                        for n in noise) + ")."]
         lines.append("")
