@@ -69,6 +69,8 @@ def test_server_commands_run_vllm_as_users_do():
 
 def test_served_mode_end_to_end_on_tiny_models(tmp_path):
     out = tmp_path / "served"
+    import vllm.benchmarks.serve  # noqa: F401  (vLLM's import sets variables of its own)
+
     env_before = dict(os.environ)
     rc = served.main(["--served", "--setups", "tiny", "--workloads", "easy",
                       "--concurrency", "1", "--arms", "plain,adaptive", "--out", str(out),
