@@ -447,14 +447,14 @@ class _AdaptiveSpecMixin:
             idx = index.get(rid)
             if idx is None or not sampled or idx >= len(sampled) or len(sampled[idx]) == 0:
                 continue
+            offered = len(spec) - invalid.get(rid, 0)
             if verified is not None:
-                verified[rid] = [len(spec) - invalid.get(rid, 0), len(sampled[idx]) - 1]
+                verified[rid] = [offered, len(sampled[idx]) - 1]
             if spec[0] == -1 and not is_async:
                 # Sync mode: vLLM's own padding placeholders (no real draft
                 # behind them).  Async mode: every entry is a placeholder the
                 # worker fills with the previous step's drafts, so count them.
                 continue
-            offered = len(spec) - invalid.get(rid, 0)
             if offered <= 0:
                 continue
             rids.append(rid)

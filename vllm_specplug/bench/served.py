@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vllm_specplug.bench.runner import Progress, resolve_model
+from vllm_specplug.bench.served_report import ORDER as ARMS
 from vllm_specplug.bench.setups import VLLM_TABLE
 
 SERVED_NAME = "bench-target"
@@ -63,7 +64,7 @@ class ServedSetup:
     requests: int  # per run at concurrency 1; 2 * c at concurrency c > 1
     rate: float  # requests per second of the Poisson cell (0: none)
     rate_workload: str = "mixed"  # the one workload that gets the Poisson cell
-    arms: tuple[str, ...] = ("plain", "vllm-k2", "vllm-k4", "vllm-table", "adaptive")
+    arms: tuple[str, ...] = ARMS
     max_model_len: int = 1024
     max_prompt_tokens: int = 384
     dtype: str | None = None
@@ -100,10 +101,8 @@ SETUPS = {
         nominal_tok_s=60.0, prefill_s_per_token=0.0, ready_s=30.0),
 }
 
-ARMS = ("plain", "vllm-k2", "vllm-k4", "vllm-table", "adaptive")
 QUICK = dict(setups=["qwen"], workloads=["humaneval", "sharegpt"], concurrency=[1, 4],
-             arms=["plain", "vllm-k4", "adaptive"], rate=False)
-STATIC_ARMS = ("vllm-k2", "vllm-k4", "vllm-table")
+             arms=["plain", "vllm-k4", "adaptive"])
 
 JSON_SCHEMA = {
     "type": "object",
@@ -518,11 +517,11 @@ def main(argv: list[str] | None = None) -> int:
     runs, servers, failures = [], [], []
     for setup, target, draft, cells, setup_arms in plan:
         max_c = max(c.concurrency for c in cells)
+        if any(c.kind == "rate" for c in cells):
+            max_c *= 2  # Poisson arrivals can pile up past the closed loop's peak
         for arm in setup_arms:
             port = _free_port()
-            has_rate = any(c.kind == "rate" for c in cells)
-            argv_s, env = server_command(setup, arm, target, draft, port,
-                                         2 * max_c if has_rate else max_c)
+            argv_s, env = server_command(setup, arm, target, draft, port, max_c)
             log = out / "logs" / f"{setup.name}-{arm}.log"
             log.parent.mkdir(parents=True, exist_ok=True)
             server = Server(argv_s, {**base_env, **env}, log, port)
