@@ -298,6 +298,28 @@ def test_profile_scalar_and_array_prices_agree(seed):
     assert single.verify_and_first(np.array([4.0, 16.0])).tolist() == pytest.approx([1.5, 3.0])
 
 
+def test_a_measured_profile_is_fitted_non_decreasing():
+    from vllm_specplug.controller.profile import isotonic
+
+    assert isotonic([1.0, 2.0, 3.0]).tolist() == [1.0, 2.0, 3.0]
+    assert isotonic([3.0, 1.0, 2.0]).tolist() == pytest.approx([2.0, 2.0, 2.0])
+    # The Qwen pair's medians on a busy 2-core host, timed one shape after
+    # another (ms): steps over more tokens and draft passes over more
+    # requests measured cheaper than smaller ones.
+    noisy = StepProfile([1, 2, 4, 9, 18, 36], [175, 191, 118, 188, 290, 411],
+                        [37, 79, 157, 55, 158, 256], [1, 2, 4], [81, 49, 67],
+                        catchup_tokens=[20, 40, 80], catchup_s=[60, 50, 140])
+    fit = noisy.monotone()
+    for curve in (fit.target_s, fit.first_s, fit.pass_s, fit.catchup_s):
+        assert (np.diff(curve) >= 0).all()
+    # Least squares under the constraint: violators are pooled, the rest kept.
+    assert fit.target_s.tolist() == pytest.approx([161.33, 161.33, 161.33, 188, 290, 411],
+                                                  abs=0.01)
+    assert fit.pass_s.tolist() == pytest.approx([65, 65, 67])
+    assert fit.tokens.tolist() == noisy.tokens.tolist()
+    assert fit.monotone().to_dict() == fit.to_dict()
+
+
 def test_profile_json_round_trip(tmp_path):
     p = StepProfile([1, 16, 256], [1e-3, 1.2e-3, 4e-3], [2e-4, 2.5e-4, 9e-4], [1, 8, 64],
                     [1e-4, 1.5e-4, 4e-4], catchup_tokens=[16, 256], catchup_s=[3e-4, 2e-3],
@@ -941,6 +963,30 @@ def test_goodput_policy_direct_threshold():
     free = StepProfile([1, 64], [1.0, 1.0], [0.0, 0.0], [1], [0.0])
     d = pol.decide(np.array([[0.9, 0.8, 0.7, 0.6]] * 2), np.array([0, 2]), 2.0, StepPricer(free))
     assert d.k.tolist() == [0, 2]
+
+
+def test_a_catch_up_is_spread_over_the_tokens_the_batch_has_left():
+    # With caps (max_tokens less output less 2) the pending catch-up is paid
+    # once for drafting over the rest of the batch's tokens: perfect drafts
+    # resume after any fallback while enough tokens are left to win it back,
+    # and stay in fallback (no probe either) when too few are.
+    profile = tiny_serve_profile()
+    ctrl = SpecController(ControllerSettings(max_k=4), profile)
+    for r in ("a", "b"):
+        ctrl.add_request(r)
+        for _ in range(20):
+            ctrl.observe_verifications([r], [4], [4])
+    catch_up = profile.catchup(20000)  # one second: a long fallback
+    many = ctrl.plan(["a", "b"], catchup_tokens=20000, caps=[1000, 1000])
+    assert many.k.tolist() == [4, 4]
+    assert many.predicted_seconds == pytest.approx(
+        ctrl.plan(["a", "b"], caps=[1000, 1000]).predicted_seconds + catch_up)
+    few = ctrl.plan(["a", "b"], catchup_tokens=20000, caps=[10, 10])
+    assert few.k_step == 0 and few.k.tolist() == [0, 0]
+    for _ in range(40):  # due probes go through the same argmax, catch-up included
+        assert ctrl.plan(["a", "b"], catchup_tokens=20000, caps=[10, 10]).k_step == 0
+    # A small catch-up (a few skipped steps) is won back in a few tokens.
+    assert ctrl.plan(["a", "b"], catchup_tokens=8, caps=[10, 10]).k.tolist() == [4, 4]
 
 
 def test_a_pending_catch_up_is_reported_not_charged():

@@ -15,9 +15,7 @@ every rank runs the step while the engine core times it: one table, rank
 live steps (from the end of ``schedule()`` to the model output).
 
 Per batch size B (1, 2, 4, ... up to ``max_num_seqs``, within a time
-budget) and the ceiling K, five step shapes, each after one discarded
-warm-up step, the median of ``REPEATS`` or more samples (those within 1.5x of
-the fastest: interference only slows a step down):
+budget) and the ceiling K, five step shapes:
 
     K_step 0, K drafts per request verified    target(B (1 + K))
     K_step 0, no drafts                        target(B)
@@ -25,10 +23,23 @@ the fastest: interference only slows a step down):
     K_step 1, K drafts                         target(B (1 + K)) + first(B (1 + K))
     K_step K, K drafts                         ... + (K - 1) pass(B)
 
+are timed in rounds, one step of each shape per round, ``ROUNDS`` or more
+rounds after one discarded warm-up round.  Interference on a shared host
+(another process on the cores, a page fault, a GC pause) comes and goes
+over seconds: timed in rounds it lands on every shape alike instead of on
+whichever shape happened to be measured then, and the first-pass and
+draft-pass costs are differences of steps of the same round.  Each price
+is the median over rounds.  Then each curve is made non-decreasing in its
+size (an isotonic fit, ``StepProfile.monotone``): a step over more tokens,
+or a draft pass over more requests, does not cost less, and a curve that
+says so is noise the argmax would chase.  The raw medians stay in
+``meta["raw"]``.
+
 The drafts verified are placeholders put in each request's
 ``spec_token_ids`` (almost always rejected: verification costs the same).
-With the zero-cost fallback the first K_step = 1 step after the K_step = 0
-ones also catches the draft up on the tokens it skipped: timed, that is the
+With the zero-cost fallback the first K_step = 1 step of each round
+follows two K_step = 0 steps and so also catches the draft up on the
+tokens they skipped: timed against the round's K_step = 1 step, that is the
 catch-up curve.  Afterwards the requests are finished (the workers drop
 them) and the zero-cost fallback's stale-block marks are reset, since no
 block the profile wrote can be read again.
@@ -55,16 +66,21 @@ from vllm_specplug.controller.profile import StepProfile
 
 logger = logging.getLogger("vllm.specplug")
 
-# Timed repeats per shape: at least REPEATS, more (up to MAX_REPEATS) while
-# they take under SHAPE_S, so that millisecond steps get a robust median.
+# Rounds per batch size (one step of each shape a round): at least ROUNDS,
+# more (up to MAX_ROUNDS) while a batch size's rounds take under ROUNDS_S,
+# so that millisecond steps get a robust median.
+ROUNDS = 4
+MAX_ROUNDS = 9
+ROUNDS_S = 1.5
+# Timed repeats of one shape where a shape is timed on its own (validate).
 REPEATS = 3
-MAX_REPEATS = 9
-SHAPE_S = 0.25
 WARMUP = 1
 PROMPT_TOKENS = 32
 # Seconds the measurement may take before it stops adding larger batches.
 BUDGET_S = 75.0
 VALIDATE_TOLERANCE = 0.25
+# Part of the cache key: a table measured by an older procedure is measured again.
+PROFILE_FORMAT = 2
 _REQ_PREFIX = "specplug-profile-"
 
 # Profiles measured in this process, by id(vllm_config): the scheduler built
@@ -128,6 +144,7 @@ def deployment_key(vllm_config, zero_cost: bool) -> dict[str, Any]:
         "torch_threads": int(torch.get_num_threads()),
         "device": device, "cpus": os.cpu_count(),
         "torch": torch.__version__, "vllm": vllm.__version__, "plugin": __version__,
+        "format": PROFILE_FORMAT,
     }
 
 
@@ -173,11 +190,14 @@ class _Bench:
         self.vocab = int(vllm_config.model_config.get_vocab_size())
         self.max_len = int(vllm_config.model_config.max_model_len)
         self.ids: list[str] = []
-        self.shapes = 0
         self.gap = 0  # tokens scheduled at K_step = 0 since the draft last ran
         import random
 
         self.rng = random.Random(0)
+
+    @property
+    def size(self) -> int:
+        return len(self.ids)
 
     def add(self, n: int) -> None:
         from vllm import SamplingParams
@@ -225,10 +245,9 @@ class _Bench:
         times, tokens = [], 0
         for _ in range(WARMUP):
             self.step(k_step, drafts)
-        while len(times) < REPEATS or (len(times) < MAX_REPEATS and sum(times) < SHAPE_S):
+        while len(times) < REPEATS:
             seconds, tokens, _ = self.step(k_step, drafts)
             times.append(seconds)
-        self.shapes += 1
         return robust_median(times), tokens
 
     def close(self) -> None:
@@ -260,13 +279,31 @@ def _reset_draft_skip(worker) -> None:
         draft_model_skip.set_enabled(drafter, True)
 
 
-def measure(executor, vllm_config, kv_cache_config, k: int, zero_cost: bool,
-            budget_s: float = BUDGET_S) -> StepProfile:
-    started = time.monotonic()
-    max_batch = max(1, int(vllm_config.scheduler_config.max_num_seqs))
-    token_budget = int(vllm_config.scheduler_config.max_num_batched_tokens)
-    bench = _Bench(executor, vllm_config, kv_cache_config)
-    # The process's first steps are slow beyond any one shape's warm-up
+def _round(bench, k: int) -> dict[str, float]:
+    """One step of each shape at the bench's batch: seconds, and the sizes they ran."""
+    a_wide, t_wide, _ = bench.step(0, k)
+    a_plain, t_plain, _ = bench.step(0, 0)
+    # The first drafting step after those catches the draft up.
+    c_secs, _, c_tokens = bench.step(1, 0)
+    f_plain, _, _ = bench.step(1, 0)
+    f_wide, _, _ = bench.step(1, k)
+    e_wide = bench.step(k, k)[0] if k > 1 else f_wide
+    return {"a_wide": a_wide, "a_plain": a_plain, "catchup": max(c_secs - f_plain, 0.0),
+            "first_plain": f_plain - a_plain, "first_wide": f_wide - a_wide,
+            "pass": (e_wide - f_wide) / max(k - 1, 1),
+            "t_wide": t_wide, "t_plain": t_plain, "c_tokens": c_tokens}
+
+
+def run_rounds(bench, k: int, max_batch: int, token_budget: int, zero_cost: bool, clock,
+               budget_s: float = BUDGET_S, log: bool = False) -> StepProfile:
+    """The measurement on ``bench`` (``add(n)``, ``step(k_step, drafts)``, ``size``).
+
+    ``clock()`` reads seconds (the simulator's bench keeps its own).  Returns
+    the fitted profile; ``meta`` has the raw medians, the shapes timed, the
+    median spread of a round's plain step around its median, and the seconds.
+    """
+    started = clock()
+    # The process's first steps are slow beyond any one round's warm-up
     # (allocator, kernels picked on first use): a few untimed steps of each
     # kind first.
     bench.add(1)
@@ -276,48 +313,65 @@ def measure(executor, vllm_config, kv_cache_config, k: int, zero_cost: bool,
     first: dict[int, list[float]] = {}
     passes: dict[int, float] = {}
     catchups: dict[int, float] = {}
-    try:
-        b = 1
-        while b <= max_batch and b * (1 + k) <= token_budget:
-            before = time.monotonic() - started
-            bench.add(b - len(bench.ids))
-            a_wide, t_wide = bench.shape(0, k)
-            a_plain, t_plain = bench.shape(0, 0)
-            # The first drafting step after those catches the draft up.
-            c_secs, _, c_tokens = bench.step(1, 0)
-            f_plain, _ = bench.shape(1, 0)
-            f_wide, _ = bench.shape(1, k)
-            e_wide, _ = bench.shape(k, k) if k > 1 else (f_wide, 0)
-            target.setdefault(t_plain, []).append(a_plain)
-            target.setdefault(t_wide, []).append(a_wide)
-            first.setdefault(t_plain, []).append(max(f_plain - a_plain, 0.0))
-            first.setdefault(t_wide, []).append(max(f_wide - a_wide, 0.0))
-            passes[b] = max(e_wide - f_wide, 0.0) / max(k - 1, 1)
-            if zero_cost and c_tokens:
-                catchups[c_tokens] = max(c_secs - f_plain, 0.0)
+    spreads: list[float] = []
+    shapes = 0
+    med = statistics.median
+    b = 1
+    while b <= max_batch and b * (1 + k) <= token_budget:
+        before = clock()
+        bench.add(b - bench.size)
+        _round(bench, k)  # warm-up: this batch size's shapes run for the first time
+        rounds: list[dict[str, float]] = []
+        while len(rounds) < ROUNDS or (len(rounds) < MAX_ROUNDS and clock() - before < ROUNDS_S):
+            rounds.append(_round(bench, k))
+        shapes += 5
+        col = {key: [r[key] for r in rounds] for key in rounds[0]}
+        a_plain, a_wide = med(col["a_plain"]), med(col["a_wide"])
+        t_plain, t_wide = int(col["t_plain"][0]), int(col["t_wide"][0])
+        target.setdefault(t_plain, []).append(a_plain)
+        target.setdefault(t_wide, []).append(a_wide)
+        first.setdefault(t_plain, []).append(max(med(col["first_plain"]), 0.0))
+        first.setdefault(t_wide, []).append(max(med(col["first_wide"]), 0.0))
+        passes[b] = max(med(col["pass"]), 0.0)
+        if zero_cost and col["c_tokens"][0]:
+            catchups[int(col["c_tokens"][0])] = med(col["catchup"])
+        spreads.append(med(abs(x - a_plain) for x in col["a_plain"]) / a_plain)
+        if log:
             logger.info("vllm-specplug: profiling B=%d: step %.1f ms plain, %.1f ms with %d "
-                        "drafts each, drafting adds %.1f ms (%.0f s so far)", b, a_plain * 1e3,
-                        a_wide * 1e3, k, (f_wide - a_wide) * 1e3, time.monotonic() - started)
-            elapsed = time.monotonic() - started
-            # The next batch size takes about twice as long as this one did.
-            if elapsed + 2.0 * (elapsed - before) > budget_s:
-                break
-            b = b * 2 if b * 2 <= max_batch or b == max_batch else max_batch
+                        "drafts each, drafting adds %.1f ms (%d rounds, %.0f s so far)", b,
+                        a_plain * 1e3, a_wide * 1e3, k, med(col["first_wide"]) * 1e3,
+                        len(rounds), clock() - started)
+        # The next batch size takes about twice as long as this one did.
+        if clock() - started + 2.0 * (clock() - before) > budget_s:
+            break
+        b = b * 2 if b * 2 <= max_batch or b == max_batch else max_batch
+    tokens = sorted(target)
+    raw = StepProfile(
+        tokens, [med(target[t]) for t in tokens], [med(first[t]) for t in tokens],
+        sorted(passes), [passes[x] for x in sorted(passes)],
+        catchup_tokens=sorted(catchups) or None,
+        catchup_s=[catchups[c] for c in sorted(catchups)] or None)
+    profile = raw.monotone()
+    profile.meta = {"zero_cost_fallback": bool(zero_cost), "seconds": round(clock() - started, 3),
+                    "shapes": shapes, "rounds_min": ROUNDS, "fit": "isotonic",
+                    "spread": round(med(spreads), 4) if spreads else None,
+                    "raw": {key: val for key, val in raw.to_dict().items() if key != "meta"}}
+    return profile
+
+
+def measure(executor, vllm_config, kv_cache_config, k: int, zero_cost: bool,
+            budget_s: float = BUDGET_S) -> StepProfile:
+    bench = _Bench(executor, vllm_config, kv_cache_config)
+    try:
+        profile = run_rounds(bench, k, max(1, int(vllm_config.scheduler_config.max_num_seqs)),
+                             int(vllm_config.scheduler_config.max_num_batched_tokens), zero_cost,
+                             time.monotonic, budget_s, log=True)
     finally:
         bench.close()
         if zero_cost:
             executor.collective_rpc(_reset_draft_skip)
-    tokens = sorted(target)
-    med = statistics.median
-    profile = StepProfile(
-        tokens, [med(target[t]) for t in tokens], [med(first[t]) for t in tokens],
-        sorted(passes), [passes[b] for b in sorted(passes)],
-        catchup_tokens=sorted(catchups) or None,
-        catchup_s=[catchups[c] for c in sorted(catchups)] or None,
-        meta={"source": "measured", "zero_cost_fallback": bool(zero_cost),
-              "seconds": round(time.monotonic() - started, 1),
-              "shapes": bench.shapes, "repeats": REPEATS, "warmup": WARMUP,
-              "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")})
+    profile.meta.update(source="measured", seconds=round(profile.meta["seconds"], 1),
+                        measured_at=time.strftime("%Y-%m-%dT%H:%M:%S"))
     return profile
 
 

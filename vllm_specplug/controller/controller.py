@@ -226,15 +226,14 @@ class SpecController:
         expected to schedule (defaults to one per request).  ``fixed_k_step``
         pins K_step for proposers that need it (and for data parallelism).
         ``catchup_tokens``: tokens a draft model skipped (zero-cost fallback)
-        and must process before it drafts again.  That catch-up is not
-        charged to the plan: it is owed whenever drafting resumes and is
-        bounded by the first passes the skipped steps did not run; charged,
-        it grows with every step in fallback until a request whose drafts
-        turned perfect never resumes (``test_zero_cost_fallback``).  It is
-        in the plan's predicted seconds.  ``caps``: per request, the
-        most drafts it can use in this plan (a request about to reach
-        ``max_tokens`` cannot use more than the tokens it has left); a
-        request capped at 0 is not in fallback.
+        and must process before it drafts again.  ``caps``: per request, the
+        most drafts it can use in this plan, ``max_tokens`` less its output
+        less 2 (a request about to reach ``max_tokens`` cannot use more than
+        the tokens it has left); a request capped at 0 is not in fallback.
+        With both, the catch-up is spread over the tokens the batch has left
+        (caps + 2 each) and charged per token to plans that draft
+        (``GoodputPolicy``); without caps it is not charged.  It is in the
+        predicted seconds of a plan that drafts.
         """
         batch = len(req_ids)
         if batch == 0:
@@ -247,14 +246,18 @@ class SpecController:
         if caps is not None and policy != "static":
             ceilings = np.minimum(ceilings, np.asarray(caps, dtype=np.int64))
         base = float(batch if base_tokens is None else base_tokens)
+        owed = 0.0
+        if catchup_tokens and caps is not None and fixed_k_step is None:
+            left = float(np.sum(caps)) + 2.0 * batch
+            owed = self.pricer.profile.catchup(catchup_tokens) / left
         if policy == "static":
             decision = self.static.decide(ceilings, fixed_k_step)
         elif policy == "heuristic":
             decision = self.heuristic.decide(rows, ceilings, fixed_k_step)
         else:
             decision = self.goodput.decide(self.estimator.survival(rows), ceilings, base,
-                                           self.pricer, fixed_k_step)
-            self._probe(rows, ceilings, decision, base, fixed_k_step)
+                                           self.pricer, fixed_k_step, owed)
+            self._probe(rows, ceilings, decision, base, fixed_k_step, owed)
             if catchup_tokens and decision.k_step > 0:
                 decision.predicted_seconds += self.pricer.profile.catchup(catchup_tokens)
         self._account(rows, ceilings, decision)
@@ -280,14 +283,15 @@ class SpecController:
         self._probe_size[passed] = np.minimum(self._probe_size[passed] * 2,
                                               np.maximum(self._ceiling[passed], 1))
 
-    def _probe(self, rows, ceilings, decision, base, fixed_k_step) -> None:
+    def _probe(self, rows, ceilings, decision, base, fixed_k_step, owed) -> None:
         """Send a small probe to requests that sat in fallback long enough.
 
         A request granted nothing while its ceiling allows drafts is in
         fallback; after ``backoff`` such steps (at once after an accepted
         probe, and on a new request's first step in fallback) it is due.  A probe goes out only when it could pay: the
         same argmax, with the due requests' drafts assumed good
-        (``PROBE_OPTIMISM`` per position), must grant them slots; the probe
+        (``PROBE_OPTIMISM`` per position) and the same pending catch-up,
+        must grant them slots; the probe
         is no deeper than that plan would grant, nor than the K_step of a
         plan that drafts.  Its verdict arrives a step later; one that never
         comes (``PROBE_TIMEOUT`` plans) counts as a failure.
@@ -317,7 +321,7 @@ class SpecController:
         hopeful = self.estimator.survival(rows).copy()
         width = hopeful.shape[1]
         hopeful[due_idx] = self.PROBE_OPTIMISM ** np.arange(1, width + 1)
-        plan = self.goodput.decide(hopeful, ceilings, base, self.pricer, fixed_k_step)
+        plan = self.goodput.decide(hopeful, ceilings, base, self.pricer, fixed_k_step, owed)
         depth = int(plan.k[due_idx].max(initial=0))
         if decision.k_step > 0 and fixed_k_step is None:
             depth = min(depth, decision.k_step)

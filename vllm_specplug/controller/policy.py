@@ -79,10 +79,13 @@ class GoodputPolicy:
     is left out of every plan's seconds, while the drafts are still priced
     at the step's real size.
 
-    A zero-cost fallback catch-up is not priced here: it is owed whenever
-    drafting resumes, and charged to plans it would grow with every step in
-    fallback until a request whose drafts turned good never resumed
-    (``SpecController.plan`` adds it to the predicted seconds).
+    A zero-cost fallback catch-up (the draft's pass over the tokens it
+    skipped) is paid once, when drafting resumes, and buys drafting for the
+    rest of the batch's tokens: ``owed_s_per_token`` spreads it over them
+    (``SpecController.plan``), so every drafting plan is charged that much
+    for each token it yields.  Resuming then has to win back its catch-up
+    before the requests end, however long they sat in fallback: the charge
+    falls as the batch has more tokens left, never rises without bound.
     """
 
     name = "goodput"
@@ -101,13 +104,15 @@ class GoodputPolicy:
         base_tokens: float,
         pricer: StepPricer,
         fixed_k_step: int | None = None,
+        owed_s_per_token: float = 0.0,
     ) -> Decision:
         """Best plan for ``survival`` (rows non-increasing along positions).
 
         ``base_tokens`` is what the step schedules besides drafts (one per
         decoding request plus prefill chunks).  ``fixed_k_step`` pins K_step
         (proposers that need a fixed K; lockstep data parallelism): then the
-        argmax is over the slots only.
+        argmax is over the slots only.  ``owed_s_per_token``: a pending
+        catch-up's share per token yielded, charged to plans that draft.
         """
         batch, width = survival.shape
         profile, corr = pricer.profile, pricer.correction
@@ -155,7 +160,7 @@ class GoodputPolicy:
         n = np.cumsum(in_j, axis=1, dtype=np.int32)
         gain = np.where(in_j, vals, 0.0).cumsum(1)
         seconds = np.maximum((by_n[n] + passes[:, None]) * ratio[n], 1e-12)
-        rate = (batch + gain) / seconds
+        rate = (batch + gain) / (seconds + owed_s_per_token * (batch + gain))
         # Without slots: plain decoding, or the pinned K_step's passes alone.
         zero_s = (max((by_n[0] + passes[0]) * ratio[0], 1e-12) if fixed_k_step is not None
                   else plain)

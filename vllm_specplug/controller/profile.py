@@ -74,6 +74,17 @@ def _interp_many(x: np.ndarray, xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
     return y
 
 
+def isotonic(ys) -> np.ndarray:
+    """The non-decreasing sequence closest to ``ys`` in least squares (pool adjacent violators)."""
+    blocks: list[list[float]] = []  # [mean, count]
+    for y in np.asarray(ys, dtype=np.float64).tolist():
+        blocks.append([y, 1.0])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m1, n1), (m2, n2) = blocks[-2], blocks.pop()
+            blocks[-1] = [(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2]
+    return np.repeat([m for m, _ in blocks], [int(n) for _, n in blocks])
+
+
 @dataclass
 class StepProfile:
     tokens: np.ndarray      # token sizes of the target and first-pass curves
@@ -181,6 +192,18 @@ class StepProfile:
     def step(self, tokens: float, batch: float, k_step: int, catchup_tokens: float = 0.0) -> float:
         return (float(self.target(float(tokens))) + self.draft(tokens, batch, k_step)
                 + self.catchup(catchup_tokens))
+
+    def monotone(self) -> "StepProfile":
+        """This profile with every curve non-decreasing in its size (``isotonic``).
+
+        More tokens in a step, or more requests in a draft pass, never cost
+        less; where measured medians say so, the difference is noise.
+        """
+        catchup = (None, None) if self.catchup_tokens is None else (
+            self._catchup[0], isotonic(self._catchup[1]))
+        return StepProfile(self.tokens, isotonic(self.target_s), isotonic(self.first_s),
+                           self.batch, isotonic(self.pass_s), *catchup,
+                           pad_sizes=self.pad_sizes, meta=dict(self.meta))
 
     def with_first_pass_at_k0(self) -> "StepProfile":
         """This profile where the draft's first pass runs at K_step = 0 too (no skipping)."""

@@ -152,8 +152,10 @@ class Controller(Policy):
 
     def decide(self, engine, dec, base_tokens):
         ids = [engine.names[s] for s in dec.tolist()]
+        # As the scheduler computes them: max_tokens less the output less 2.
+        caps = np.maximum(engine.left[dec] - 2, 0)
         d = self.controller.plan(ids, base_tokens=base_tokens,
-                                 catchup_tokens=engine.catchup_pending)
+                                 catchup_tokens=engine.catchup_pending, caps=caps)
         k = np.asarray(d.k, dtype=np.int64)
         k_step = int(d.k_step)
         if len(k) and (k.max() > k_step or k_step > self.max_k or k.min() < 0):

@@ -1,34 +1,17 @@
 """The controller's step-cost profile, measured on the simulated engine.
 
 The plugin measures a ``StepProfile`` on its engine before serving
-(``vllm_specplug.profiling.measure``); the simulator runs the same
-procedure on its own engine and clock, with the plugin's constants
-(``WARMUP``, ``REPEATS`` .. ``MAX_REPEATS``, ``SHAPE_S``, ``PROMPT_TOKENS``,
-``BUDGET_S``, ``robust_median``):
+(``vllm_specplug.profiling.run_rounds``); the simulator runs that same
+function on its own engine and clock, through a bench that has the
+plugin's bench's interface:
 
-- one dummy request runs two untimed steps of each kind first (plain,
-  verifying K drafts, K_step 1, K_step K);
 - dummy requests of ``PROMPT_TOKENS`` prompt tokens are added and
-  prefilled (untimed steps, which still warm their shapes); each later step
-  adds one token to every context (the placeholder drafts are rejected);
-- per batch size ``B`` = 1, 2, 4, ... up to ``max_num_seqs`` (and
-  ``max_num_seqs`` itself), while ``B (1 + K)`` fits the token budget, five
-  shapes, each ``WARMUP`` discarded steps, then at least ``REPEATS`` timed
-  ones (up to ``MAX_REPEATS`` while they add up to less than ``SHAPE_S``),
-  of which the median of those within 1.5x of the fastest is kept:
-
-      K_step 0, K drafts verified    target(B (1 + K))
-      K_step 0, no drafts            target(B)
-      K_step 1, no drafts            target(B) + first(B)
-      K_step 1, K drafts             target(B (1 + K)) + first(B (1 + K))
-      K_step K, K drafts             ... + (K - 1) pass(B)
-
-  with one K_step 1 step between the K_step 0 ones and the rest: under the
-  zero-cost fallback it catches the draft up on what it skipped, and its
-  time less ``target(B) + first(B)`` is the catch-up curve;
-- ``first`` and ``pass`` are differences of medians, clipped at zero;
-- batches stop once the next one (taken to last twice as long as the last)
-  would end past ``BUDGET_S`` seconds.
+  prefilled in one untimed step (which still warms its shape); each later
+  step adds one token to every context (the placeholder drafts are
+  rejected);
+- a step at K_step > 0 after K_step = 0 ones catches the draft up on what
+  it skipped under the zero-cost fallback, and reports the tokens the
+  plugin would count for it.
 
 The steps run on the engine's ``StepClock``: the discarded warm-ups are the
 cold first steps of those shapes, so the engine serves with them warm; the
@@ -47,15 +30,7 @@ from __future__ import annotations
 import numpy as np
 
 from vllm_specplug.controller import StepProfile
-from vllm_specplug.profiling import (
-    BUDGET_S,
-    MAX_REPEATS,
-    PROMPT_TOKENS,
-    REPEATS,
-    SHAPE_S,
-    WARMUP,
-    robust_median,
-)
+from vllm_specplug.profiling import BUDGET_S, PROMPT_TOKENS, run_rounds
 from vllm_specplug.sim.clock import Realism, StepClock
 from vllm_specplug.sim.cost import Setup, StepCost
 
@@ -70,7 +45,6 @@ class _Bench:
         self.gap = np.zeros(0)  # tokens each request's draft skipped (zero-cost fallback)
         self.told = 0  # ... as the plugin counts them: tokens scheduled at K_step 0
         self.seconds = 0.0
-        self.shapes = 0
 
     def add(self, n: int) -> None:
         """``n`` new requests, prefilled in one step (untimed)."""
@@ -108,15 +82,9 @@ class _Bench:
                 self.gap, self.told = np.zeros(b), 0
         return seconds, tokens, catchup
 
-    def shape(self, k_step: int, drafts: int) -> tuple[float, int]:
-        times, tokens = [], 0
-        for _ in range(WARMUP):
-            self.step(k_step, drafts)
-        while len(times) < REPEATS or (len(times) < MAX_REPEATS and sum(times) < SHAPE_S):
-            seconds, tokens, _ = self.step(k_step, drafts)
-            times.append(seconds)
-        self.shapes += 1
-        return float(robust_median(times)), tokens
+    @property
+    def size(self) -> int:
+        return int(self.ctx.size)
 
 
 def measure_profile(setup: Setup, rng: np.random.Generator,
@@ -128,49 +96,12 @@ def measure_profile(setup: Setup, rng: np.random.Generator,
     """
     timer = clock.fork(rng) if clock is not None else StepClock(
         Realism.for_setup(setup.noise), rng)
-    k = setup.max_k
-    max_batch = max(1, setup.max_concurrency)
-    token_budget = setup.workload.max_batched_tokens
     bench = _Bench(setup, timer)
-    # Untimed warm-up steps of each kind before the first shape, as the
-    # plugin runs them.
-    bench.add(1)
-    for k_step, drafts in ((0, 0), (0, k), (1, 0), (k, k)) * 2:
-        bench.step(k_step, drafts)
-    target: dict[int, list[float]] = {}
-    first: dict[int, list[float]] = {}
-    passes: dict[int, float] = {}
-    catchups: dict[int, float] = {}
-    b = 1
-    while b <= max_batch and b * (1 + k) <= token_budget:
-        before = bench.seconds
-        bench.add(b - bench.ctx.size)
-        a_wide, t_wide = bench.shape(0, k)
-        a_plain, t_plain = bench.shape(0, 0)
-        c_secs, _, c_tokens = bench.step(1, 0)
-        f_plain, _ = bench.shape(1, 0)
-        f_wide, _ = bench.shape(1, k)
-        e_wide, _ = bench.shape(k, k) if k > 1 else (f_wide, 0)
-        target.setdefault(t_plain, []).append(a_plain)
-        target.setdefault(t_wide, []).append(a_wide)
-        first.setdefault(t_plain, []).append(max(f_plain - a_plain, 0.0))
-        first.setdefault(t_wide, []).append(max(f_wide - a_wide, 0.0))
-        passes[b] = max(e_wide - f_wide, 0.0) / max(k - 1, 1)
-        if not setup.draft_at_k0 and c_tokens:
-            catchups[int(c_tokens)] = max(c_secs - f_plain, 0.0)
-        # The next batch size takes about twice as long as this one did.
-        if bench.seconds + 2.0 * (bench.seconds - before) > budget_s:
-            break
-        b = b * 2 if b * 2 <= max_batch or b == max_batch else max_batch
-    tokens = sorted(target)
-    return StepProfile(
-        tokens, [float(np.median(target[t])) for t in tokens],
-        [float(np.median(first[t])) for t in tokens],
-        sorted(passes), [passes[x] for x in sorted(passes)],
-        catchup_tokens=sorted(catchups) or None,
-        catchup_s=[catchups[c] for c in sorted(catchups)] or None,
-        meta={"source": "sim", "setup": setup.key, "seconds": round(bench.seconds, 3),
-              "shapes": bench.shapes, "repeats": REPEATS, "warmup": WARMUP})
+    profile = run_rounds(bench, setup.max_k, max(1, setup.max_concurrency),
+                         setup.workload.max_batched_tokens, not setup.draft_at_k0,
+                         lambda: bench.seconds, budget_s)
+    profile.meta.update(source="sim", setup=setup.key)
+    return profile
 
 
 __all__ = ["measure_profile"]
