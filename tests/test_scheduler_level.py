@@ -470,3 +470,48 @@ def test_drafts_structured_output_rejects_are_not_learnt_as_rejections(tiny_mode
     run.run()
     assert marked, "no step offered more than one draft: nothing was checked"
     assert seen and all(d == a == 1 for d, a in seen), seen
+
+
+def test_the_scheduler_believes_what_the_workers_report_about_skipping(tiny_models):
+    # Zero-cost fallback: each step's output tells the scheduler whether the
+    # worker skips the draft at K_step = 0 (patches/draft_model_skip.py).
+    # When a worker gives up (a failed catch-up), K_step = 0 steps are priced
+    # with the draft's first pass from then on, no catch-up is owed, and the
+    # requests that skipped steps learn their acceptance anew.
+    from vllm_specplug.deployment import ZERO_COST_OUTPUT_ATTR
+
+    sched = build_scheduler(tiny_models["target"], False)
+    sp = sched.specplug
+    # build_scheduler's engine config does not name the plugin's scheduler,
+    # so the config's answer is no; here it promised skipping.
+    sp.zero_cost_fallback = True
+    for i in range(3):
+        sched.add_request(make_request(f"r{i}", 80))
+    run = SyntheticRun(sched, {f"r{i}": never for i in range(3)})
+    report = {"on": True}
+    plain_output = run.model_output
+
+    def reporting(so):
+        out = plain_output(so)
+        setattr(out, ZERO_COST_OUTPUT_ATTR, report["on"])
+        return out
+
+    run.model_output = reporting
+    for _ in range(30):
+        run.step()
+    assert sp.zero_cost_fallback  # the worker said what the config says: nothing changes
+    skipped = sorted(sp.stale_from)
+    assert skipped, "the rejected drafts should have put the batch in fallback"
+    rows = [sp.controller.estimator.row(r) for r in skipped]
+    assert sp.controller.estimator._counts[rows].sum() > 0
+    report["on"] = False
+    run.step()
+    assert sp.controller.estimator._counts[rows].sum() == 0  # learnt anew
+    assert not sp.zero_cost_fallback and not sp.stale_from and not sp.catchup
+    assert sp.controller.profile.meta.get("zero_cost_fallback") is False
+    assert sp.controller.profile.first(4.0) == 0.0  # the first pass is in every step now
+    assert sp.controller.profile.target(4.0) == pytest.approx(
+        clock_profile().target(4.0) + clock_profile().first(4.0))
+    run.run()
+    assert not sp.stale_from  # nothing more is counted as skipped
+    assert sp.faults == 0

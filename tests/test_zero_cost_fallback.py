@@ -165,6 +165,11 @@ def test_a_failing_catch_up_turns_the_fallback_off_and_output_stays_exact(
         stats = drafter.specplug_stats
         assert stats.failures == 1 and stats.skipped_passes >= 20
         assert drafter.__dict__["_specplug_skip"] is False
+        # The worker said so in the step's output, and the scheduler believes it:
+        # no catch-up is priced or owed any more.
+        sp = scheduler_of(llm).specplug
+        assert sp.zero_cost_fallback is False and not sp.stale_from
+        assert sp.controller.profile.meta.get("zero_cost_fallback") is False
         # From then on vLLM's own path: a second forced fallback skips nothing.
         skipped = stats.skipped_passes
         outs = run_with_forced_fallback(llm, prompts, CEILING)

@@ -5,7 +5,8 @@ The scheduler prices steps by whether the draft model skips K_step = 0 steps
 does the skipping.  Both ask ``zero_cost_fallback_for`` here, so they cannot
 disagree on anything the config decides.  What only a worker can see (its
 model runner, the draft's attention groups) it checks itself, and says
-loudly when it cannot honour what the config promised.
+loudly when it cannot honour what the config promised; each step's output
+tells the scheduler what the worker actually does (``ZERO_COST_OUTPUT_ATTR``).
 
 Config only: this module imports neither the scheduler nor the controller,
 so a worker asks without loading them.
@@ -20,6 +21,24 @@ ADAPTIVE_K_STEP_METHODS = frozenset({"ngram", "draft_model", "eagle", "eagle3"})
 DRAFT_MODEL_METHODS = frozenset({"draft_model", "eagle", "eagle3", "mtp", "medusa"})
 
 _PACKAGE = "vllm_specplug."
+
+# The attribute of vLLM's ModelRunnerOutput by which a worker reports each
+# step whether it skips the draft at K_step = 0 (set by the patch, read by
+# the scheduler: the workers' actual state, not the config's promise).
+ZERO_COST_OUTPUT_ATTR = "specplug_zero_cost"
+
+
+def catch_up_tokens(stale_from: int, computed: int, block_size: int) -> int:
+    """Tokens the zero-cost catch-up runs the draft over for one request.
+
+    The worker marks whole KV blocks stale and repairs from the start of the
+    first one (``patches/draft_model_skip.py``): a request whose draft
+    skipped from position ``stale_from`` on, with ``computed`` tokens before
+    the step, is caught up from its block's start, not from the skipped
+    token.  The scheduler prices catch-ups, and the start-up profile times
+    them, in these tokens.
+    """
+    return max(int(computed) - (int(stale_from) // max(int(block_size), 1)) * int(block_size), 0)
 
 
 def uses_plugin_scheduler(vllm_config) -> bool:

@@ -38,9 +38,11 @@ says so is noise the argmax would chase.  The raw medians stay in
 The drafts verified are placeholders put in each request's
 ``spec_token_ids`` (almost always rejected: verification costs the same).
 With the zero-cost fallback the first K_step = 1 step of each round
-follows two K_step = 0 steps and so also catches the draft up on the
-tokens they skipped: timed against the round's K_step = 1 step, that is the
-catch-up curve.  Afterwards the requests are finished (the workers drop
+follows two K_step = 0 steps and so also catches the draft up: the worker
+repairs whole KV blocks, from the start of the first block the skipped
+steps left stale to each request's computed length.  Timed against the
+round's K_step = 1 step, that is the catch-up curve, indexed by those
+tokens (``deployment.catch_up_tokens``, which the scheduler counts alike).  Afterwards the requests are finished (the workers drop
 them) and the zero-cost fallback's stale-block marks are reset, since no
 block the profile wrote can be read again.
 
@@ -63,6 +65,7 @@ import time
 from typing import Any
 
 from vllm_specplug.controller.profile import StepProfile
+from vllm_specplug.deployment import catch_up_tokens
 
 logger = logging.getLogger("vllm.specplug")
 
@@ -80,7 +83,7 @@ PROMPT_TOKENS = 32
 BUDGET_S = 75.0
 VALIDATE_TOLERANCE = 0.25
 # Part of the cache key: a table measured by an older procedure is measured again.
-PROFILE_FORMAT = 2
+PROFILE_FORMAT = 3
 _REQ_PREFIX = "specplug-profile-"
 
 # Profiles measured in this process, by id(vllm_config): the scheduler built
@@ -190,7 +193,10 @@ class _Bench:
         self.vocab = int(vllm_config.model_config.get_vocab_size())
         self.max_len = int(vllm_config.model_config.max_model_len)
         self.ids: list[str] = []
-        self.gap = 0  # tokens scheduled at K_step = 0 since the draft last ran
+        # Zero-cost fallback: per request, the first position its draft
+        # skipped, to count a catch-up as the scheduler does.
+        self.stale_from: dict[str, int] = {}
+        self.block_size = int(vllm_config.cache_config.block_size)
         import random
 
         self.rng = random.Random(0)
@@ -223,6 +229,15 @@ class _Bench:
             req = sched.requests[rid]
             if req.num_computed_tokens >= req.num_prompt_tokens:
                 req.spec_token_ids = [req.all_token_ids[-1]] * drafts
+        catchup = 0
+        if k_step == 0:
+            for rid in self.ids:
+                self.stale_from.setdefault(rid, sched.requests[rid].num_computed_tokens)
+        elif self.stale_from:
+            catchup = sum(catch_up_tokens(start, sched.requests[rid].num_computed_tokens,
+                                          self.block_size)
+                          for rid, start in self.stale_from.items())
+            self.stale_from = {}
         self.k_step[0] = k_step
         out = sched.schedule()
         start = time.perf_counter()
@@ -232,13 +247,7 @@ class _Bench:
         seconds = time.perf_counter() - start
         sched.update_from_output(out, result)
         self.executor.take_draft_token_ids()
-        tokens = out.total_num_scheduled_tokens
-        catchup = 0
-        if k_step == 0:
-            self.gap += tokens
-        else:
-            catchup, self.gap = self.gap, 0
-        return seconds, tokens, catchup
+        return seconds, out.total_num_scheduled_tokens, catchup
 
     def shape(self, k_step: int, drafts: int) -> tuple[float, int]:
         """Median seconds and tokens of one shape, after WARMUP discarded steps."""
@@ -334,7 +343,7 @@ def run_rounds(bench, k: int, max_batch: int, token_budget: int, zero_cost: bool
         first.setdefault(t_wide, []).append(max(med(col["first_wide"]), 0.0))
         passes[b] = max(med(col["pass"]), 0.0)
         if zero_cost and col["c_tokens"][0]:
-            catchups[int(col["c_tokens"][0])] = med(col["catchup"])
+            catchups[int(med(col["c_tokens"]))] = med(col["catchup"])
         spreads.append(med(abs(x - a_plain) for x in col["a_plain"]) / a_plain)
         if log:
             logger.info("vllm-specplug: profiling B=%d: step %.1f ms plain, %.1f ms with %d "

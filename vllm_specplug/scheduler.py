@@ -35,7 +35,13 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.outputs import DraftTokenIds
 
 from vllm_specplug.compat import effective_k_step
-from vllm_specplug.deployment import DRAFT_MODEL_METHODS, k_step_pinned_for, zero_cost_fallback_for
+from vllm_specplug.deployment import (
+    DRAFT_MODEL_METHODS,
+    ZERO_COST_OUTPUT_ATTR,
+    catch_up_tokens,
+    k_step_pinned_for,
+    zero_cost_fallback_for,
+)
 from vllm_specplug.config import (
     SpecPlugConfig,
     SpecPlugRequestError,
@@ -127,9 +133,12 @@ class AdaptiveSpecState:
         self.metrics = self._make_metrics(vllm_config)
         self.trace = self._open_trace(vllm_config)
         self._placeholders = [[-1] * k for k in range(self.num_spec_tokens + 1)]
-        # Tokens each request has scheduled since its draft last ran, so the
-        # controller can price a catch-up; the worker keeps the exact state.
-        self.draft_gap: dict[str, int] = {}
+        # Per request whose draft skipped steps (zero-cost fallback), the
+        # first position it skipped, so the controller can price the
+        # catch-up (deployment.catch_up_tokens); the worker keeps the exact
+        # state.
+        self.stale_from: dict[str, int] = {}
+        self.block_size = int(vllm_config.cache_config.block_size)
         self.catchup: dict[int, int] = {}
 
     def reconfigure(self, overrides: dict[str, Any], pin_k_step: bool | None = None) -> None:
@@ -165,7 +174,7 @@ class AdaptiveSpecState:
         self.controller = self._new_controller()
         if self.metrics is not None:
             self.metrics.controller_replaced(self.controller)
-        self.planned, self.draft_gap, self.catchup = {}, {}, {}
+        self.planned, self.stale_from, self.catchup = {}, {}, {}
         self.sched_end.clear()
         self.predicted.clear()
         self.last_update_end = None
@@ -176,6 +185,35 @@ class AdaptiveSpecState:
     def _zero_cost_fallback(self) -> bool:
         # The same answer the workers' patch gets (deployment.py).
         return zero_cost_fallback_for(self.vllm_config, self.config.zero_cost_fallback)[0]
+
+    def worker_zero_cost(self, on: bool) -> None:
+        """The workers' zero-cost state, as the step's output reports it (rank 0's).
+
+        A worker that gave up skipping (a failed catch-up) runs the draft's
+        first pass at K_step = 0 from then on: K_step = 0 steps are priced
+        with that pass and no catch-up is owed.  Requests that skipped steps
+        before draft from KV the catch-up never repaired, so what was learnt
+        of their acceptance no longer holds: it starts again from the pool.
+        """
+        if on == self.zero_cost_fallback or (on and not self._zero_cost_fallback()):
+            return
+        self.zero_cost_fallback = on
+        if on:
+            self.profile = self._profile()
+            self.controller.pricer.profile = self.profile
+            logger.info("vllm-specplug: the workers skip the draft at K_step = 0 again")
+            return
+        # The profile in use was the skipping one: its first pass now runs at K_step = 0 too.
+        self.profile = self.controller.pricer.profile.with_first_pass_at_k0()
+        self.controller.pricer.profile = self.profile
+        cold = list(self.stale_from)
+        self.controller.forget_acceptance(cold)
+        self.stale_from.clear()
+        self.catchup.clear()
+        logger.warning("vllm-specplug: a worker reports the zero-cost fallback off (its "
+                       "catch-up failed; see its log): K_step = 0 steps are priced with the "
+                       "draft's first pass, and %d requests that skipped steps learn their "
+                       "acceptance anew", len(cold))
 
     def _new_controller(self) -> SpecController:
         return SpecController(self.config.controller_settings(self.num_spec_tokens),
@@ -316,7 +354,7 @@ class _AdaptiveSpecMixin:
         sp = self.specplug
         if sp.enabled:
             sp.planned.pop(request.request_id, None)
-            sp.draft_gap.pop(request.request_id, None)
+            sp.stale_from.pop(request.request_id, None)
             try:
                 sp.controller.finish_request(request.request_id)
                 if sp.metrics is not None and sp.controller.num_requests() == 0:
@@ -350,10 +388,14 @@ class _AdaptiveSpecMixin:
         spec_tokens = sum(len(v) for v in scheduler_output.scheduled_spec_decode_tokens.values())
         base_tokens = scheduler_output.total_num_scheduled_tokens - spec_tokens
         vllm_k_step = scheduler_output.num_spec_tokens_to_schedule
-        gap = sp.draft_gap
+        stale = sp.stale_from
+        scheduled = scheduler_output.num_scheduled_tokens
         catchup = 0
-        if gap:
-            catchup = sum(gap.get(rid, 0) for rid in scheduler_output.num_scheduled_tokens)
+        if stale:
+            # num_computed_tokens already counts this step's tokens.
+            catchup = sum(catch_up_tokens(stale[rid], requests[rid].num_computed_tokens - n,
+                                          sp.block_size)
+                          for rid, n in scheduled.items() if rid in stale)
         # Drafts planned now are verified next step, which emits at most
         # k + 1 tokens; this step emits at least one.  More drafts than a
         # request has tokens left for cannot be used.
@@ -384,12 +426,14 @@ class _AdaptiveSpecMixin:
         sp.planned = planned
         if sp.zero_cost_fallback:
             if k_step == 0:
-                for rid, n in scheduler_output.num_scheduled_tokens.items():
-                    gap[rid] = gap.get(rid, 0) + n
-            elif catchup:
-                for rid in scheduler_output.num_scheduled_tokens:
-                    gap.pop(rid, None)
-                sp.catchup[id(scheduler_output)] = catchup
+                for rid, n in scheduled.items():
+                    if rid not in stale:
+                        stale[rid] = requests[rid].num_computed_tokens - n
+            elif stale:
+                for rid in scheduled:
+                    stale.pop(rid, None)
+                if catchup:
+                    sp.catchup[id(scheduler_output)] = catchup
         sp.step += 1
         sp.predicted[id(scheduler_output)] = decision.predicted_seconds
         # Reporting, after the plan is applied: a failure here is counted
@@ -429,6 +473,9 @@ class _AdaptiveSpecMixin:
     def _specplug_observe(self, scheduler_output, model_runner_output) -> None:
         sp = self.specplug
         now = sp.clock()
+        reported = getattr(model_runner_output, ZERO_COST_OUTPUT_ATTR, None)
+        if reported is not None and reported != sp.zero_cost_fallback:
+            sp.worker_zero_cost(reported)
         ctrl = sp.controller
         sampled = model_runner_output.sampled_token_ids
         index = model_runner_output.req_id_to_index

@@ -144,6 +144,13 @@ class SpecController:
         self._ceiling[row] = max(0, min(int(ceiling), self.settings.max_k))
         self._last_ids = None
 
+    def forget_acceptance(self, req_ids) -> None:
+        """Start these requests' acceptance estimates again from the pool's.
+
+        For requests whose drafts no longer come from what was observed (the
+        draft's KV went stale under them)."""
+        self.estimator.reset(list(req_ids))
+
     def finish_request(self, req_id: str) -> None:
         row = self._row_of.get(req_id)
         if row is None:

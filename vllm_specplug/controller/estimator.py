@@ -86,6 +86,14 @@ class AcceptanceEstimator:
         self._refresh_survival(np.array([row], dtype=np.intp))
         return row
 
+    def reset(self, req_ids) -> None:
+        """Forget what was observed of these requests (unknown ids are skipped)."""
+        rows = [self._rows[r] for r in req_ids if r in self._rows]
+        if rows:
+            rows = np.array(rows, dtype=np.intp)
+            self._counts[rows] = 0.0
+            self._refresh_survival(rows)
+
     def remove(self, req_id: str) -> None:
         row = self._rows.pop(req_id, None)
         if row is not None:

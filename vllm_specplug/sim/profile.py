@@ -10,8 +10,9 @@ plugin's bench's interface:
   step adds one token to every context (the placeholder drafts are
   rejected);
 - a step at K_step > 0 after K_step = 0 ones catches the draft up on what
-  it skipped under the zero-cost fallback, and reports the tokens the
-  plugin would count for it.
+  it skipped under the zero-cost fallback, and reports the tokens that
+  catch-up ran over (the plugin's unit; the simulator has no KV blocks to
+  round them to).
 
 The steps run on the engine's ``StepClock``: the discarded warm-ups are the
 cold first steps of those shapes, so the engine serves with them warm; the
@@ -43,7 +44,6 @@ class _Bench:
         self.cost = StepCost(setup)
         self.ctx = np.zeros(0)
         self.gap = np.zeros(0)  # tokens each request's draft skipped (zero-cost fallback)
-        self.told = 0  # ... as the plugin counts them: tokens scheduled at K_step 0
         self.seconds = 0.0
 
     def add(self, n: int) -> None:
@@ -57,10 +57,9 @@ class _Bench:
         self.seconds += self.timer.seconds(t, tokens, False)
         self.ctx = np.concatenate((old + 1, chunk + 1))
         self.gap = np.concatenate((self.gap + 1, chunk + 1))
-        self.told += tokens
 
     def step(self, k_step: int, drafts: int) -> tuple[float, int, int]:
-        """One step of every request; (seconds, tokens scheduled, catch-up tokens told)."""
+        """One step of every request; (seconds, tokens scheduled, tokens caught up)."""
         b = self.ctx.size
         t = self.cost.step(self.ctx, np.full(b, drafts, dtype=np.int64), k_step)
         tokens = b * (1 + drafts)
@@ -71,15 +70,15 @@ class _Bench:
             done = self.ctx - gap
             pairs = float((gap * done + gap * (gap + 1) / 2).sum())
             t += float(self.cost.draft_pass(float(gap.sum()), float(done.sum()), pairs))
-            catchup = self.told
+            catchup = int(gap.sum())
         seconds = self.timer.seconds(t, tokens, k_step > 0)
         self.seconds += seconds
         self.ctx = self.ctx + 1
         if zero_cost:
             if k_step == 0:
-                self.gap, self.told = self.gap + 1, self.told + tokens
+                self.gap = self.gap + 1
             else:
-                self.gap, self.told = np.zeros(b), 0
+                self.gap = np.zeros(b)
         return seconds, tokens, catchup
 
     @property
