@@ -966,10 +966,12 @@ def test_goodput_policy_direct_threshold():
 
 
 def test_a_catch_up_is_spread_over_the_tokens_the_batch_has_left():
-    # With caps (max_tokens less output less 2) the pending catch-up is paid
-    # once for drafting over the rest of the batch's tokens: perfect drafts
-    # resume after any fallback while enough tokens are left to win it back,
-    # and stay in fallback (no probe either) when too few are.
+    # Zero-cost fallback.  With caps (max_tokens less output less 2) the
+    # pending catch-up is paid once for drafting over the rest of the batch's
+    # tokens: perfect drafts resume after any fallback while enough tokens
+    # are left to win it back, and stay in fallback (no probe either) when
+    # too few are.  Without caps the horizon is unknown and nothing is
+    # charged.  Either way a plan that drafts reports it in its seconds.
     profile = tiny_serve_profile()
     ctrl = SpecController(ControllerSettings(max_k=4), profile)
     for r in ("a", "b"):
@@ -977,6 +979,10 @@ def test_a_catch_up_is_spread_over_the_tokens_the_batch_has_left():
         for _ in range(20):
             ctrl.observe_verifications([r], [4], [4])
     catch_up = profile.catchup(20000)  # one second: a long fallback
+    base = ctrl.plan(["a", "b"])
+    owed = ctrl.plan(["a", "b"], catchup_tokens=20000)
+    assert owed.k.tolist() == base.k.tolist() == [4, 4]
+    assert owed.predicted_seconds - base.predicted_seconds == pytest.approx(catch_up)
     many = ctrl.plan(["a", "b"], catchup_tokens=20000, caps=[1000, 1000])
     assert many.k.tolist() == [4, 4]
     assert many.predicted_seconds == pytest.approx(
@@ -989,19 +995,3 @@ def test_a_catch_up_is_spread_over_the_tokens_the_batch_has_left():
     assert ctrl.plan(["a", "b"], catchup_tokens=8, caps=[10, 10]).k.tolist() == [4, 4]
 
 
-def test_a_pending_catch_up_is_reported_not_charged():
-    # Zero-cost fallback: the catch-up over skipped tokens is owed whenever
-    # drafting resumes and only grows in fallback; charged to plans, a
-    # perfect draft would never resume.  It is in the plan's predicted
-    # seconds, and the plan is the one without it.
-    profile = tiny_serve_profile()
-    ctrl = SpecController(ControllerSettings(max_k=4), profile)
-    for r in ("a", "b"):
-        ctrl.add_request(r)
-        for _ in range(20):
-            ctrl.observe_verifications([r], [4], [4])
-    base = ctrl.plan(["a", "b"])
-    owed = ctrl.plan(["a", "b"], catchup_tokens=20000)
-    assert owed.k.tolist() == base.k.tolist() == [4, 4]
-    assert owed.predicted_seconds - base.predicted_seconds == pytest.approx(
-        profile.catchup(20000))

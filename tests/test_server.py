@@ -191,6 +191,9 @@ def test_bad_vllm_xargs_get_400_and_server_keeps_serving(adaptive_server, bad):
     r = requests.post(url, json=body)
     assert r.status_code == 400, r.text
     assert "specplug_max_k" in r.text
+    # Streaming too: the 400 comes before the stream starts (patches/request_args_check.py).
+    r = requests.post(url, json={**body, "stream": True})
+    assert r.status_code == 400 and "specplug_max_k" in r.text, r.text
     r = requests.post(url, json={**body, "vllm_xargs": {"specplug_typo": 1}})
     assert r.status_code == 400 and "specplug_typo" in r.text
     assert adaptive_server.healthy()
