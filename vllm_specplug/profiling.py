@@ -31,9 +31,10 @@ whichever shape happened to be measured then, and the first-pass and
 draft-pass costs are differences of steps of the same round.  Each price
 is the median over rounds.  Then each curve is made non-decreasing in its
 size (an isotonic fit, ``StepProfile.monotone``): a step over more tokens,
-or a draft pass over more requests, does not cost less, and a curve that
-says so is noise the argmax would chase.  The raw medians stay in
-``meta["raw"]``.
+or a draft pass over more requests, should not cost less, and where the
+medians say so (noise, or a kernel slower at one size) the fit averages
+the two rather than leave a dip for the argmax to chase.  The raw medians
+stay in ``meta["raw"]``.
 
 The drafts verified are placeholders put in each request's
 ``spec_token_ids`` (almost always rejected: verification costs the same).
@@ -42,9 +43,10 @@ follows two K_step = 0 steps and so also catches the draft up: the worker
 repairs whole KV blocks, from the start of the first block the skipped
 steps left stale to each request's computed length.  Timed against the
 round's K_step = 1 step, that is the catch-up curve, indexed by those
-tokens (``deployment.catch_up_tokens``, which the scheduler counts alike).  Afterwards the requests are finished (the workers drop
-them) and the zero-cost fallback's stale-block marks are reset, since no
-block the profile wrote can be read again.
+tokens (``deployment.catch_up_tokens``, which the scheduler counts alike).
+Afterwards the requests are finished (the workers drop them) and the
+zero-cost fallback's stale-block marks are reset, since no block the
+profile wrote can be read again.
 
 A measured table is cached (``cache_dir()``/<key>.json), keyed by
 everything that changes step time (``deployment_key``).  Before a cached

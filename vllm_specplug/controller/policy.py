@@ -79,8 +79,8 @@ class GoodputPolicy:
     is left out of every plan's seconds, while the drafts are still priced
     at the step's real size.
 
-    A zero-cost fallback catch-up (the draft's pass over the tokens it
-    skipped) is paid once, when drafting resumes, and buys drafting for the
+    A zero-cost fallback catch-up (the draft re-run over what it skipped,
+    from the first stale KV block) is paid once, when drafting resumes, and buys drafting for the
     rest of the batch's tokens: ``owed_s_per_token`` spreads it over them
     (``SpecController.plan``), so every drafting plan is charged that much
     for each token it yields.  Resuming then has to win back its catch-up

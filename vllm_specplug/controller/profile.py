@@ -196,8 +196,10 @@ class StepProfile:
     def monotone(self) -> "StepProfile":
         """This profile with every curve non-decreasing in its size (``isotonic``).
 
-        More tokens in a step, or more requests in a draft pass, never cost
-        less; where measured medians say so, the difference is noise.
+        More tokens in a step, or more requests in a draft pass, should not
+        cost less.  Where measured medians say so (noise, or a kernel that
+        happens to be slower at one size) the fit averages the two, so the
+        argmax does not chase the dip.
         """
         catchup = (None, None) if self.catchup_tokens is None else (
             self._catchup[0], isotonic(self._catchup[1]))
