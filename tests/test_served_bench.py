@@ -61,6 +61,10 @@ def test_server_commands_run_vllm_as_users_do():
     spec = json.loads(argv[argv.index("--speculative-config") + 1])
     assert spec["num_speculative_tokens"] == setup.ceiling and env == {}
     assert argv[argv.index("--scheduler-cls") + 1] == "vllm_specplug.AdaptiveSpecScheduler"
+    assert "trace_path" not in json.loads(argv[argv.index("--additional-config") + 1])["specplug"]
+    argv, _ = served.server_command(setup, "adaptive", "/t", "/d", 8000, 4, "/x/trace.jsonl")
+    assert json.loads(argv[argv.index("--additional-config") + 1])["specplug"]["trace_path"] == (
+        "/x/trace.jsonl")
     argv, _ = served.server_command(setup, "plain", "/t", "/d", 8000, 4)
     assert "--speculative-config" not in argv
     with pytest.raises(SystemExit, match="plain is required"):

@@ -215,8 +215,10 @@ def _free_port() -> int:
 
 
 def server_command(setup: ServedSetup, arm: str, target: str, draft: str | None, port: int,
-                   max_num_seqs: int) -> tuple[list[str], dict]:
-    """(argv, extra environment) of ``vllm-specplug serve`` for one arm."""
+                   max_num_seqs: int, trace_path: str | None = None) -> tuple[list[str], dict]:
+    """(argv, extra environment) of ``vllm-specplug serve`` for one arm.
+
+    ``trace_path``: the adaptive arm writes its decision trace there."""
     argv = [sys.executable, "-m", "vllm_specplug.cli", "serve", target,
             "--host", "127.0.0.1", "--port", str(port), "--served-model-name", SERVED_NAME,
             "--max-model-len", str(setup.max_model_len), "--max-num-seqs", str(max_num_seqs),
@@ -234,8 +236,11 @@ def server_command(setup: ServedSetup, arm: str, target: str, draft: str | None,
                 [lo, hi, min(kk, setup.ceiling)] for lo, hi, kk in VLLM_TABLE]
         argv += ["--speculative-config", json.dumps(spec)]
     if arm == "adaptive":
+        specplug = {"policy": "goodput"}
+        if trace_path:
+            specplug["trace_path"] = trace_path
         argv += ["--scheduler-cls", "vllm_specplug.AdaptiveSpecScheduler",
-                 "--additional-config", json.dumps({"specplug": {"policy": "goodput"}})]
+                 "--additional-config", json.dumps({"specplug": specplug})]
     else:
         # vLLM as a user runs it: no plugin of this package is loaded.
         env["VLLM_PLUGINS"] = "none"
@@ -460,6 +465,9 @@ def parse_args(argv):
     p.add_argument("--arms", default=None,
                    help=f"comma-separated: {', '.join(ARMS)} (default: the setup's)")
     p.add_argument("--no-rate", action="store_true", help="skip the Poisson request-rate cell")
+    p.add_argument("--trace", action="store_true",
+                   help="the adaptive servers write their decision traces to logs/ "
+                        "(vllm-specplug trace plot FILE draws one)")
     p.add_argument("--out", default="bench-served", help="output folder")
     p.add_argument("--tiny-root", default="/tmp/vllm-specplug-bench-tiny")
     p.add_argument("--data-cache", default=None, help="prompt-set cache (vllm-specplug data)")
@@ -521,9 +529,11 @@ def main(argv: list[str] | None = None) -> int:
             max_c *= 2  # Poisson arrivals can pile up past the closed loop's peak
         for arm in setup_arms:
             port = _free_port()
-            argv_s, env = server_command(setup, arm, target, draft, port, max_c)
             log = out / "logs" / f"{setup.name}-{arm}.log"
             log.parent.mkdir(parents=True, exist_ok=True)
+            trace = (str((out / "logs" / f"{setup.name}-{arm}-trace.jsonl").resolve())
+                     if args.trace and arm == "adaptive" else None)
+            argv_s, env = server_command(setup, arm, target, draft, port, max_c, trace)
             server = Server(argv_s, {**base_env, **env}, log, port)
             try:
                 try:
