@@ -253,20 +253,20 @@ class SpecController:
         if caps is not None and policy != "static":
             ceilings = np.minimum(ceilings, np.asarray(caps, dtype=np.int64))
         base = float(batch if base_tokens is None else base_tokens)
-        owed = 0.0
-        if catchup_tokens and caps is not None and fixed_k_step is None:
-            left = float(np.sum(caps)) + 2.0 * batch
-            owed = self.pricer.profile.catchup(catchup_tokens) / left
         if policy == "static":
             decision = self.static.decide(ceilings, fixed_k_step)
         elif policy == "heuristic":
             decision = self.heuristic.decide(rows, ceilings, fixed_k_step)
         else:
+            catch_up = self.pricer.profile.catchup(catchup_tokens) if catchup_tokens else 0.0
+            owed = 0.0
+            if catch_up and caps is not None and fixed_k_step is None:
+                owed = catch_up / (float(np.sum(caps)) + 2.0 * batch)
             decision = self.goodput.decide(self.estimator.survival(rows), ceilings, base,
                                            self.pricer, fixed_k_step, owed)
             self._probe(rows, ceilings, decision, base, fixed_k_step, owed)
-            if catchup_tokens and decision.k_step > 0:
-                decision.predicted_seconds += self.pricer.profile.catchup(catchup_tokens)
+            if decision.k_step > 0:
+                decision.predicted_seconds += catch_up
         self._account(rows, ceilings, decision)
         self.last_decision = decision
         return decision
