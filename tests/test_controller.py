@@ -976,8 +976,8 @@ def test_a_catch_up_is_spread_over_the_tokens_the_batch_has_left():
     ctrl = SpecController(ControllerSettings(max_k=4), profile)
     for r in ("a", "b"):
         ctrl.add_request(r)
-        for _ in range(20):
-            ctrl.observe_verifications([r], [4], [4])
+    for _ in range(20):
+        ctrl.observe_verifications(["a", "b"], [4, 4], [4, 4])
     catch_up = profile.catchup(20000)  # one second: a long fallback
     base = ctrl.plan(["a", "b"])
     owed = ctrl.plan(["a", "b"], catchup_tokens=20000)
@@ -995,3 +995,40 @@ def test_a_catch_up_is_spread_over_the_tokens_the_batch_has_left():
     assert ctrl.plan(["a", "b"], catchup_tokens=8, caps=[10, 10]).k.tolist() == [4, 4]
 
 
+
+
+def test_a_catch_up_is_won_back_before_the_next_arrival():
+    # Under load a request arrives every few dozen tokens, and each brings a
+    # prompt the draft has not seen.  A catch-up paid now buys drafting only
+    # until then: the horizon is the running mean of the tokens yielded
+    # between arrivals, when that is less than the batch's tokens left.
+    profile = tiny_serve_profile()
+    catch_up_tokens = 20000  # about a second; perfect drafts at K=4 need ~500 tokens
+    caps = [1000, 1000]
+
+    def settled(gap_tokens):
+        ctrl = SpecController(ControllerSettings(max_k=4), profile)
+        ctrl.add_request("a")
+        ctrl.add_request("b")  # a burst: no gap yet
+        assert ctrl.arrival_gap is None
+        for i in range(6):
+            for _ in range(gap_tokens // 2):
+                ctrl.plan(["a", "b"], caps=caps)
+            ctrl.add_request(f"new{i}")
+            ctrl.finish_request(f"new{i}")
+        return ctrl
+
+    rare = settled(4000)
+    assert rare.arrival_gap == pytest.approx(4000, rel=0.1)
+    for _ in range(40):
+        rare.observe_verifications(["a", "b"], [4, 4], [4, 4])
+    assert rare.plan(["a", "b"], catchup_tokens=catch_up_tokens, caps=caps).k.tolist() == [4, 4]
+    often = settled(40)
+    # Plans in these loops may have drafted: gaps count accepted drafts too.
+    assert 40 <= often.arrival_gap <= 200
+    for _ in range(40):
+        often.observe_verifications(["a", "b"], [4, 4], [4, 4])
+    for _ in range(10):
+        assert often.plan(["a", "b"], catchup_tokens=catch_up_tokens, caps=caps).k_step == 0
+    # A small catch-up is still won back between arrivals.
+    assert often.plan(["a", "b"], catchup_tokens=8, caps=caps).k.tolist() == [4, 4]

@@ -80,12 +80,14 @@ class GoodputPolicy:
     at the step's real size.
 
     A zero-cost fallback catch-up (the draft re-run over what it skipped,
-    from the first stale KV block) is paid once, when drafting resumes, and buys drafting for the
-    rest of the batch's tokens: ``owed_s_per_token`` spreads it over them
+    from the first stale KV block) is paid once, when drafting resumes, and
+    buys drafting for the rest of the batch's tokens or until the next
+    arrival brings a prompt the draft must pass over in turn:
+    ``owed_s_per_token`` spreads it over those tokens
     (``SpecController.plan``), so every drafting plan is charged that much
     for each token it yields.  Resuming then has to win back its catch-up
-    before the requests end, however long they sat in fallback: the charge
-    falls as the batch has more tokens left, never rises without bound.
+    before the requests end or the next one arrives, however long they sat
+    in fallback: the charge never rises without bound.
     """
 
     name = "goodput"
