@@ -47,7 +47,7 @@ def clock_profile():
 
 
 def build_scheduler(model, async_scheduling, specplug=None, method="draft_model",
-                    data_parallel_size=1):
+                    data_parallel_size=1, num_blocks=256):
     from vllm.engine.arg_utils import EngineArgs
     from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig,
                                             KVCacheGroupSpec)
@@ -76,14 +76,14 @@ def build_scheduler(model, async_scheduling, specplug=None, method="draft_model"
     vllm_config = args.create_engine_config()
     # CPU turns async scheduling off; the scheduler itself runs anywhere.
     vllm_config.scheduler_config.async_scheduling = async_scheduling
-    vllm_config.cache_config.num_gpu_blocks = 256
+    vllm_config.cache_config.num_gpu_blocks = num_blocks
     # What an engine core of a lockstep (MoE) DP group sees; dense DP ranks
     # are told 1 by vLLM (test_scaling_server.py).
     vllm_config.parallel_config.data_parallel_size = data_parallel_size
     import torch
 
     kv_cache_config = KVCacheConfig(
-        num_blocks=256,
+        num_blocks=num_blocks,
         kv_cache_tensors=[],
         kv_cache_groups=[KVCacheGroupSpec(
             ["layer.0"], FullAttentionSpec(block_size=32, num_kv_heads=1, head_size=16,
@@ -180,6 +180,10 @@ class SyntheticRun:
             self.planned_seen.setdefault(rid, []).append(k)
             if self.is_async:
                 assert len(req.spec_token_ids) == k, "placeholders not sized to k_r"
+        # A step whose planning failed runs vLLM's own K for every request.
+        for rid in so.num_scheduled_tokens:
+            if rid not in sp.planned and not self.sched.requests[rid].is_prefill_chunk:
+                self.planned_seen.setdefault(rid, []).append(k_step)
 
     def step(self):
         from vllm.v1.outputs import DraftTokenIds
@@ -515,3 +519,75 @@ def test_the_scheduler_believes_what_the_workers_report_about_skipping(tiny_mode
     run.run()
     assert not sp.stale_from  # nothing more is counted as skipped
     assert sp.faults == 0
+
+
+def test_a_soak_of_the_async_scheduler(tiny_models):
+    """Many requests through vLLM's ``AsyncScheduler``, as on GPUs.
+
+    The engine soak (``test_soak.py``) runs the sync scheduler: the CPU build
+    turns async scheduling off.  Here 600 requests arrive over time, up to 8
+    at once, with random lengths, ceilings (0 included) and acceptance; one
+    in 25 is aborted midway; the KV cache holds about half of what they
+    want, so requests are preempted and resumed (vLLM pads their drafts with
+    ``-1`` placeholders); the zero-cost fallback's bookkeeping is on; and
+    every 7th per-step controller call raises.  Every step keeps the
+    invariants (``SyntheticRun.check``: placeholders sized to k_r, k_r <=
+    K_step <= ceiling); every request that was not aborted yields exactly
+    ``max_tokens``; every fault is absorbed and counted; nothing is left in
+    the controller or the adapter at the end.
+    """
+    import random
+
+    from soak_scheduler import inject_faults
+    from vllm.v1.request import RequestStatus
+
+    sched = build_scheduler(tiny_models["target"], True, num_blocks=24)
+    sp = sched.specplug
+    assert sp.is_async
+    sp.zero_cost_fallback = True
+    calls = inject_faults(sp.controller, 7)
+    rng = random.Random(29)
+    rules = {"always": always, "never": never, "half": lambda n: rng.randint(0, n)}
+    accepts, max_tokens, aborted, live = {}, {}, set(), set()
+    run = SyntheticRun(sched, accepts)
+    produced: dict[str, int] = {}
+    preempted = {"n": 0}
+    orig_update = sched.update_from_output
+
+    def counting(so, out):
+        preempted["n"] += len(getattr(so, "preempted_req_ids", None) or ())
+        result = orig_update(so, out)
+        for eco in result.values():
+            for o in eco.outputs:
+                produced[o.request_id] = produced.get(o.request_id, 0) + len(o.new_token_ids)
+        return result
+
+    sched.update_from_output = counting
+    total, sent = 600, 0
+    while sent < total or sched.has_requests() or run.pending is not None:
+        while len(live) < 8 and sent < total and rng.random() < 0.5:
+            rid = f"s{sent}"
+            ceiling = rng.choice([None, None, 0, 1, 2, CEILING])
+            max_tokens[rid] = rng.randint(2, 60)
+            accepts[rid] = rules[rng.choice(list(rules))]
+            sched.add_request(make_request(rid, max_tokens[rid], ceiling,
+                                           prompt_len=rng.randint(3, 90)))
+            live.add(rid)
+            sent += 1
+        run.step()
+        live = {r for r in live if r in sched.requests}
+        if live and rng.random() < 0.04:
+            rid = rng.choice(sorted(live))
+            sched.finish_requests(rid, RequestStatus.FINISHED_ABORTED)
+            aborted.add(rid)
+        assert run.steps < 40 * total, "requests hung"
+    if run.pending is not None:
+        run.update(*run.pending)
+    finished = {r: n for r, n in max_tokens.items() if r not in aborted}
+    assert {r: produced.get(r, 0) for r in finished} == finished
+    assert all(produced.get(r, 0) <= max_tokens[r] for r in aborted)
+    assert len(aborted) >= 10 and preempted["n"] >= 10, (len(aborted), preempted)
+    assert sp.faults == calls[0] // 7 >= 50, (sp.faults, calls)
+    assert sp.controller.stats.drafted > 0 and sp.controller.stats.probes_sent > 0
+    assert sp.controller.num_requests() == 0 and sp.controller.num_in_fallback() == 0
+    assert not sp.planned and not sp.stale_from and not sched.requests
