@@ -583,6 +583,8 @@ def test_a_soak_of_the_async_scheduler(tiny_models):
         assert run.steps < 40 * total, "requests hung"
     if run.pending is not None:
         run.update(*run.pending)
+    print(f"\nasync soak: {total} requests, {len(aborted)} aborted, {preempted['n']} "
+          f"preemptions, {sp.faults} faults, {run.steps} steps")
     finished = {r: n for r, n in max_tokens.items() if r not in aborted}
     assert {r: produced.get(r, 0) for r in finished} == finished
     assert all(produced.get(r, 0) <= max_tokens[r] for r in aborted)
