@@ -995,8 +995,6 @@ def test_a_catch_up_is_spread_over_the_tokens_the_batch_has_left():
     assert ctrl.plan(["a", "b"], catchup_tokens=8, caps=[10, 10]).k.tolist() == [4, 4]
 
 
-
-
 def test_a_catch_up_is_won_back_before_the_next_arrival():
     # Under load a request arrives every few dozen tokens, and each brings a
     # prompt the draft has not seen.  A catch-up paid now buys drafting only
