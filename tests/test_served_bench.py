@@ -51,6 +51,35 @@ def test_a_mismatch_a_static_arm_shares_is_explained():
     assert all(m["explained"] for m in res["mismatches"])
 
 
+def test_rounds_pool_into_one_longer_run_and_keep_each_rounds_ratio():
+    def r(arm, rnd, tokens, seconds, texts=("a", "b"), counts=None):
+        return dict(run(arm, tokens / seconds, texts=texts), round=rnd, duration=seconds,
+                    total_output_tokens=tokens, completed=2, failed=0, ttfts_ms=[5.0, 7.0],
+                    spec_counts=counts)
+
+    spec = dict(drafts=10.0, draft_tokens=40.0, accepted=30.0)
+    runs = [r("plain", 1, 100, 10.0), r("vllm-k4", 1, 100, 5.0, counts=spec),
+            r("adaptive", 1, 100, 4.0, counts=spec),
+            r("adaptive", 2, 100, 20.0, texts=("a", "X"), counts=dict(spec, accepted=10.0)),
+            r("vllm-k4", 2, 100, 10.0, counts=spec), r("plain", 2, 100, 10.0)]
+    res = served_report.summarise(runs, [], {"setups": {"s": "S"}, "rounds": 2})
+    (cell,) = res["cells"]
+    # Pooled: 200 tokens over 24 s against 200 over 15 s, not the mean of 25 and 5 tok/s.
+    assert cell["adaptive_vs_best"] == pytest.approx((200 / 24) / (200 / 15))
+    assert cell["rounds"] == pytest.approx([25 / 20, 5 / 10])
+    (adaptive,) = [x for x in res["runs"] if x["arm"] == "adaptive"]
+    assert adaptive["completed"] == 4 and adaptive["acceptance"] == pytest.approx(40 / 80)
+    assert len(res["runs_by_round"]) == 6
+    # Texts are compared with plain's of the same round.
+    (mm,) = res["mismatches"]
+    assert (mm["arm"], mm["requests"]) == ("adaptive", [1])
+    md = served_report.markdown(dict(res, meta={"setups": {"s": "S"}, "output_tokens": {"s": 4},
+                                                "dtype": {"s": "float32"}, "rounds": 2}))
+    assert "pools 2 rounds" in md and "| 1.25, 0.50 |" in md
+    with pytest.raises(SystemExit, match="--rounds: 0"):
+        served.parse_args(["--served", "--rounds", "0"])
+
+
 def test_server_commands_run_vllm_as_users_do():
     setup = served.SETUPS["qwen"]
     argv, env = served.server_command(setup, "vllm-k4", "/t", "/d", 8000, 4)

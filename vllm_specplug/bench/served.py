@@ -18,6 +18,11 @@ The first run after a server is up is its cold run (other prompts than the
 grid's, no warm-up, vLLM's ready-check request turned off); every cell
 after it is warm.  The grid's first cell runs again last on each arm's
 server: that repeat's spread is the cell noise the report states.
+``--rounds N`` runs the whole arm sequence N times, a fresh server per arm
+and round, the order reversed every other round (plain ... adaptive, then
+adaptive ... plain), so that a drift of the host over the run falls on
+every arm alike; a cell's tokens/s is then its output tokens over its
+duration summed over the rounds, and the report lists each round's ratio.
 Every arm's greedy texts are compared with plain decoding's (temperature 0,
 a fixed output length; a difference no static arm shares fails the run in
 float32 and is listed in bfloat16), and the memory each arm takes is recorded: the KV
@@ -179,12 +184,14 @@ def _sources(setup: ServedSetup, workload: str, tokenizer, data_cache) -> tuple[
 
 
 def build_cells(setup, workloads, concurrency, with_rate, out: Path, tokenizer,
-                data_cache=None) -> list[Cell]:
-    """Each cell's own prompts (disjoint slices, so no cell reuses another's prefix cache)."""
+                data_cache=None, requests: int | None = None) -> list[Cell]:
+    """Each cell's own prompts (disjoint slices, so no cell reuses another's prefix cache).
+    ``requests``: a c=1 cell's requests (default the setup's)."""
     cells = []
+    single = requests or setup.requests
     for w in workloads:
         prompts, is_chat = _sources(setup, w, tokenizer, data_cache)
-        loads = [("c", c, setup.requests if c == 1 else 2 * c) for c in concurrency]
+        loads = [("c", c, single if c == 1 else 2 * c) for c in concurrency]
         if with_rate and setup.rate > 0 and w == setup.rate_workload:
             loads.append(("rate", 0, 2 * max(concurrency)))
         if w == workloads[0]:
@@ -406,8 +413,8 @@ def vllm_bench_serve(argv: list[str], log: Path) -> None:
         bench_main(args)
 
 
-def run_cell(server, cell, setup, tokenizer_path, out: Path, arm: str) -> dict:
-    result_dir = out / "raw" / setup.name / arm
+def run_cell(server, cell, setup, tokenizer_path, out: Path, arm: str, rnd: int = 1) -> dict:
+    result_dir = out / "raw" / setup.name / arm / (f"round{rnd}" if rnd > 1 else "")
     result_dir.mkdir(parents=True, exist_ok=True)
     name = cell.key.replace("/", "-") + ".json"
     before = server.spec_counters()
@@ -426,12 +433,14 @@ def run_cell(server, cell, setup, tokenizer_path, out: Path, arm: str) -> dict:
     rec = {k: raw.get(k) for k in KEEP if k in raw}
     rec.update(setup=setup.name, arm=arm, workload=cell.workload, kind=cell.kind,
                concurrency=cell.concurrency, rate=setup.rate if cell.kind == "rate" else None,
-               requests=cell.requests,
+               requests=cell.requests, round=rnd,
                acceptance=(d["accepted"] / d["draft_tokens"]) if d["draft_tokens"] else None,
                drafts_per_draft_step=(d["draft_tokens"] / d["drafts"]) if d["drafts"] else 0.0,
-               accepted_len=(1 + d["accepted"] / d["drafts"]) if d["drafts"] else None)
+               accepted_len=(1 + d["accepted"] / d["drafts"]) if d["drafts"] else None,
+               spec_counts=d)
     itls, lens = raw.get("itls") or [], raw.get("output_lens") or []
     rec["tpots_ms"] = [1e3 * statistics.fmean(x) for x in itls if x]
+    rec["ttfts_ms"] = [1e3 * x for x in raw.get("ttfts") or [] if x]
     rec["texts"] = raw.get("generated_texts") or []
     rec["output_lens"] = lens
     errors = [e for e in (raw.get("errors") or []) if e]
@@ -465,6 +474,11 @@ def parse_args(argv):
     p.add_argument("--arms", default=None,
                    help=f"comma-separated: {', '.join(ARMS)} (default: the setup's)")
     p.add_argument("--no-rate", action="store_true", help="skip the Poisson request-rate cell")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run every arm this many times, the order reversed every other round; "
+                        "cells pool their rounds (default 1)")
+    p.add_argument("--requests", type=int, default=None,
+                   help="requests in a c=1 cell (default the setup's: 3 for the real models)")
     p.add_argument("--trace", action="store_true",
                    help="the adaptive servers write their decision traces to logs/ "
                         "(vllm-specplug trace plot FILE draws one)")
@@ -478,6 +492,10 @@ def parse_args(argv):
         args.concurrency = ",".join(map(str, QUICK["concurrency"]))
         args.arms = ",".join(QUICK["arms"])
         args.no_rate = True
+    if args.rounds < 1:
+        raise SystemExit(f"--rounds: {args.rounds}; allowed: an integer >= 1")
+    if args.requests is not None and args.requests < 1:
+        raise SystemExit(f"--requests: {args.requests}; allowed: an integer >= 1")
     chosen = args.arms.split(",") if args.arms else ["plain"]
     bad = [a for a in chosen if a not in ARMS]
     if bad or "plain" not in chosen:
@@ -513,25 +531,28 @@ def main(argv: list[str] | None = None) -> int:
         target = resolve_model(setup.target, args.tiny_root)
         draft = resolve_model(setup.draft, args.tiny_root) if setup.draft else None
         tok = AutoTokenizer.from_pretrained(target)
-        cells = build_cells(setup, workloads, conc, not args.no_rate, out, tok, args.data_cache)
+        cells = build_cells(setup, workloads, conc, not args.no_rate, out, tok, args.data_cache,
+                            args.requests)
         chosen = args.arms.split(",") if args.arms else setup.arms
         plan.append((setup, target, draft, cells, [a for a in ARMS if a in chosen]))
-    total = sum(_estimate(s, cells, a) for s, _, _, cells, a in plan)
-    n_runs = sum(len(cells) * len(a) for _, _, _, cells, a in plan)
-    print(f"[served] {n_runs} runs, {sum(len(a) for *_, a in plan)} server starts; "
+    total = args.rounds * sum(_estimate(s, cells, a) for s, _, _, cells, a in plan)
+    n_runs = args.rounds * sum(len(cells) * len(a) for _, _, _, cells, a in plan)
+    print(f"[served] {n_runs} runs, {args.rounds * sum(len(a) for *_, a in plan)} server starts; "
           f"estimate {total / 60:.0f} min. Progress and time left follow on stderr.", flush=True)
     progress = Progress(total, "served")
     started = time.time()
     runs, servers, failures = [], [], []
-    for setup, target, draft, cells, setup_arms in plan:
+    for rnd, (setup, target, draft, cells, setup_arms) in (
+            (r, p) for r in range(args.rounds) for p in plan):
         max_c = max(c.concurrency for c in cells)
         if any(c.kind == "rate" for c in cells):
             max_c *= 2  # Poisson arrivals can pile up past the closed loop's peak
-        for arm in setup_arms:
+        tag = f"-r{rnd + 1}" if args.rounds > 1 else ""
+        for arm in (setup_arms if rnd % 2 == 0 else setup_arms[::-1]):
             port = _free_port()
-            log = out / "logs" / f"{setup.name}-{arm}.log"
+            log = out / "logs" / f"{setup.name}-{arm}{tag}.log"
             log.parent.mkdir(parents=True, exist_ok=True)
-            trace = (str((out / "logs" / f"{setup.name}-{arm}-trace.jsonl").resolve())
+            trace = (str((out / "logs" / f"{setup.name}-{arm}{tag}-trace.jsonl").resolve())
                      if args.trace and arm == "adaptive" else None)
             argv_s, env = server_command(setup, arm, target, draft, port, max_c, trace)
             server = Server(argv_s, {**base_env, **env}, log, port)
@@ -545,7 +566,7 @@ def main(argv: list[str] | None = None) -> int:
                     progress.advance(setup.ready_s + sum(_cell_units(setup, c) for c in cells),
                                      f"{setup.name} {arm}: failed to start")
                     continue
-                info = dict(setup=setup.name, arm=arm, ready_s=round(ready, 1),
+                info = dict(setup=setup.name, arm=arm, round=rnd + 1, ready_s=round(ready, 1),
                             kv_tokens=server.kv_tokens(),
                             rss_ready_gib=round(resident_gib(server.proc.pid), 2))
                 progress.advance(setup.ready_s, f"{setup.name} {arm}: ready in {ready:.0f} s, "
@@ -553,7 +574,7 @@ def main(argv: list[str] | None = None) -> int:
                 for cell in cells:
                     t = time.time()
                     try:
-                        rec = run_cell(server, cell, setup, target, out, arm)
+                        rec = run_cell(server, cell, setup, target, out, arm, rnd + 1)
                     except RuntimeError as e:
                         failures.append(dict(setup=setup.name, arm=arm, cell=cell.key,
                                              error=str(e)))
@@ -577,7 +598,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{platform.platform()}",
         vllm=compat.vllm_version(), setups={s.name: s.title for s, *_ in plan},
         dtype={s.name: s.dtype or "the model's (bfloat16)" for s, *_ in plan},
-        output_tokens={s.name: s.output_tokens for s, *_ in plan},
+        output_tokens={s.name: s.output_tokens for s, *_ in plan}, rounds=args.rounds,
     )
     results = served_report.summarise(runs, servers, meta, failures)
     served_report.write(results, out)

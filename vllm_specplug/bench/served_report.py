@@ -8,11 +8,16 @@ arm's ratio to the best of plain and the static arms), ``cold``, ``noise``
 (the first cell run again last on each arm's server), ``misses``,
 ``failures`` (runs or server starts that failed; the grid goes on without
 them) and ``mismatches`` (greedy texts that differ from plain decoding's).
+With several rounds (``--rounds``) a cell pools its rounds: output tokens
+over summed duration, percentiles over every request of every round,
+acceptance over the summed counters; ``cells[...]["rounds"]`` keeps each
+round's adaptive / best ratio, and texts are compared round by round.
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 TARGET = 0.95
@@ -32,18 +37,77 @@ def _by(runs, kind):
     return out
 
 
+def _pct(xs, q):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else None
+
+
+def _pool(group: list[dict]) -> dict:
+    """One arm's one cell over its rounds: a longer run of the same prompts."""
+    if len(group) == 1:
+        return group[0]
+    out = dict(group[0], round=None)
+    dur = sum(r.get("duration") or 0.0 for r in group)
+    toks = sum(r.get("total_output_tokens") or 0 for r in group)
+    out["output_throughput"] = (toks / dur if dur and toks else
+                                statistics.fmean(r["output_throughput"] for r in group))
+    for k in ("completed", "failed", "total_output_tokens", "duration"):
+        if all(k in r for r in group):
+            out[k] = sum(r[k] for r in group)
+    out["requests"] = sum(r["requests"] for r in group)
+    for name, key in (("tpot", "tpots_ms"), ("ttft", "ttfts_ms")):
+        xs = [x for r in group for x in r.get(key) or []]
+        if xs:
+            out[key] = xs
+            out.update({f"mean_{name}_ms": statistics.fmean(xs), f"p50_{name}_ms": _pct(xs, 0.5),
+                        f"p99_{name}_ms": _pct(xs, 0.99)})
+    counts = [r.get("spec_counts") for r in group]
+    if all(counts):
+        d = {k: sum(c[k] for c in counts) for k in counts[0]}
+        out.update(spec_counts=d,
+                   acceptance=(d["accepted"] / d["draft_tokens"]) if d["draft_tokens"] else None,
+                   accepted_len=(1 + d["accepted"] / d["drafts"]) if d["drafts"] else None)
+    out["texts"] = [t for r in group for t in r.get("texts") or []]
+    return out
+
+
+def _pooled(runs) -> list[dict]:
+    groups: dict = {}
+    for r in runs:
+        key = (r["setup"], r["arm"], r["workload"], r["kind"], r["concurrency"])
+        groups.setdefault(key, []).append(r)
+    return [_pool(g) for g in groups.values()]
+
+
+def _round_ratios(runs) -> dict:
+    """Per (setup, workload, load): adaptive / best fixed arm, round by round."""
+    rounds: dict = {}
+    for r in runs:
+        if r["kind"] in ("c", "rate") and r.get("round"):
+            rounds.setdefault((r["setup"], r["workload"], _load(r), r["round"]), {})[
+                r["arm"]] = r["output_throughput"]
+    out: dict = {}
+    for (s, w, load, rnd), arms in sorted(rounds.items()):
+        fixed = [v for a, v in arms.items() if a != "adaptive"]
+        if "adaptive" in arms and fixed:
+            out.setdefault((s, w, load), []).append(arms["adaptive"] / max(fixed))
+    return out
+
+
 def _mismatches(runs) -> list[dict]:
-    plain = {(r["setup"], r["workload"], _load(r), r["kind"]): r for r in runs if r["arm"] == "plain"}
+    plain = {(r["setup"], r["workload"], _load(r), r["kind"], r.get("round")): r
+             for r in runs if r["arm"] == "plain"}
     found = {}
     for r in runs:
-        base = plain.get((r["setup"], r["workload"], _load(r), r["kind"]))
+        base = plain.get((r["setup"], r["workload"], _load(r), r["kind"], r.get("round")))
         if r["arm"] == "plain" or base is None:
             continue
         diff = [i for i, (a, b) in enumerate(zip(r["texts"], base["texts"])) if a != b]
         diff += list(range(min(len(r["texts"]), len(base["texts"])),
                            max(len(r["texts"]), len(base["texts"]))))
         if diff:
-            found[(r["setup"], r["workload"], _load(r), r["kind"], r["arm"])] = diff
+            key = (r["setup"], r["workload"], _load(r), r["kind"], r["arm"])
+            found[key] = sorted(set(found.get(key, [])) | set(diff))
     out = []
     for (s, w, load, kind, arm), diff in found.items():
         statics = set()
@@ -57,6 +121,8 @@ def _mismatches(runs) -> list[dict]:
 
 def summarise(runs: list[dict], servers: list[dict], meta: dict,
               failures: list[dict] | None = None) -> dict:
+    by_round, runs = runs, _pooled(runs)
+    per_round = _round_ratios(by_round) if len({r.get("round") for r in by_round}) > 1 else {}
     warm, cold, rep = _by(runs, "c"), _by(runs, "cold"), _by(runs, "repeat")
     warm.update(_by(runs, "rate"))
     cells = []
@@ -71,6 +137,8 @@ def summarise(runs: list[dict], servers: list[dict], meta: dict,
             best = max(fixed, key=fixed.get)
             cell.update(best_fixed=best,
                         adaptive_vs_best=arms["adaptive"]["output_throughput"] / fixed[best])
+        if (s, w, load) in per_round:
+            cell["rounds"] = per_round[(s, w, load)]
         cells.append(cell)
     cold_rows = []
     for (s, w, load, a), r in sorted(cold.items()):
@@ -91,9 +159,14 @@ def summarise(runs: list[dict], servers: list[dict], meta: dict,
                    ratio=c["adaptive_vs_best"], best=c["best_fixed"])
               for c in cells if c.get("adaptive_vs_best") is not None
               and c["adaptive_vs_best"] < TARGET]
-    slim = [{k: v for k, v in r.items() if k not in ("texts", "tpots_ms")} for r in runs]
-    return dict(meta=meta, servers=servers, runs=slim, cells=cells, cold=cold_rows, noise=noise,
-                misses=misses, failures=failures or [], mismatches=_mismatches(runs),
+    def slim(rs):
+        return [{k: v for k, v in r.items() if k not in ("texts", "tpots_ms", "ttfts_ms")}
+                for r in rs]
+
+    extra = dict(runs_by_round=slim(by_round)) if per_round else {}
+    return dict(meta=meta, servers=servers, runs=slim(runs), **extra, cells=cells,
+                cold=cold_rows, noise=noise,
+                misses=misses, failures=failures or [], mismatches=_mismatches(by_round),
                 tpots={f"{r['setup']}|{r['workload']}|{_load(r)}|{r['arm']}": r["tpots_ms"]
                        for r in runs if r["kind"] in ("c", "rate")})
 
@@ -108,18 +181,25 @@ def markdown(res: dict) -> str:
     for s, title in m["setups"].items():
         cells = [c for c in res["cells"] if c["setup"] == s]
         arms = [a for a in ORDER if any(a in c["x_plain"] for c in cells)]
+        rounds = m.get("rounds", 1)
+        pooled = (f" Each cell pools {rounds} rounds (a fresh server per arm and round, the arm "
+                  "order reversed every other round): output tokens over summed duration; the "
+                  "last column is adaptive / best fixed arm in each round." if rounds > 1 else "")
         lines += [f"### {title}", "",
                   f"Served with `vllm-specplug serve`, measured with `vllm bench serve` (temperature 0, "
                   f"{m['output_tokens'][s]} output tokens per request, dtype {m['dtype'][s]}). "
                   "Output tokens/s as a multiple of plain decoding's (its tok/s in its column); "
-                  "warm cells (after the server's cold run).", "",
+                  "warm cells (after the server's cold run)." + pooled, "",
                   "| workload | load | plain | " + " | ".join(a for a in arms if a != "plain")
-                  + " | best fixed | adaptive / best |",
-                  "|---|---|---|" + "---|" * (len(arms) - 1) + "---|---|"]
+                  + " | best fixed | adaptive / best |" + (" per round |" if rounds > 1 else ""),
+                  "|---|---|---|" + "---|" * (len(arms) - 1) + "---|---|"
+                  + ("---|" if rounds > 1 else "")]
         for c in cells:
             row = [c["workload"], c["load"], _f(c["plain_tok_s"], "{:.2f} tok/s")]
             row += [_f(c["x_plain"].get(a), "{:.2f}x") for a in arms if a != "plain"]
             row += [c.get("best_fixed", "-"), _f(c.get("adaptive_vs_best"))]
+            if rounds > 1:
+                row.append(", ".join(_f(x) for x in c.get("rounds", [])) or "-")
             lines.append("| " + " | ".join(row) + " |")
         lines += ["", "| workload | load | arm | TTFT mean / p50 / p99 (ms) | TPOT mean / p50 / p99 (ms) "
                   "| acceptance | tokens per draft step |", "|---|---|---|---|---|---|---|"]
@@ -149,8 +229,9 @@ def markdown(res: dict) -> str:
                       "memory, all processes:", "",
                       "| arm | ready (s) | KV cache (tokens) | resident at ready (GiB) | peak (GiB) |",
                       "|---|---|---|---|---|"]
-            for x in sorted(srv, key=lambda x: ORDER.index(x["arm"])):
-                lines.append(f"| {x['arm']} | {x['ready_s']} | "
+            for x in sorted(srv, key=lambda x: (ORDER.index(x["arm"]), x.get("round", 1))):
+                name = x["arm"] + (f" (round {x['round']})" if rounds > 1 else "")
+                lines.append(f"| {name} | {x['ready_s']} | "
                              f"{_f(x['kv_tokens'], '{:,}')} | {x['rss_ready_gib']} | "
                              f"{x.get('rss_peak_gib', '-')} |")
         noise = [n for n in res["noise"] if n["setup"] == s]
