@@ -80,6 +80,16 @@ def test_rounds_pool_into_one_longer_run_and_keep_each_rounds_ratio():
         served.parse_args(["--served", "--rounds", "0"])
 
 
+def test_tpot_per_request_counts_tokens_not_stream_chunks():
+    # With speculation a chunk carries several tokens: 9 tokens after the
+    # first in 3 chunks 0.3 s apart is 0.1 s a token, not 0.3.
+    raw = dict(itls=[[0.3, 0.3, 0.3], [0.2]], output_lens=[10, 3], ttfts=[0.5, 0.25],
+               generated_texts=["a", "b"])
+    got = served.per_request(raw)
+    assert got["tpots_ms"] == pytest.approx([100.0, 100.0])
+    assert got["ttfts_ms"] == pytest.approx([500.0, 250.0]) and got["texts"] == ["a", "b"]
+
+
 def test_server_commands_run_vllm_as_users_do():
     setup = served.SETUPS["qwen"]
     argv, env = served.server_command(setup, "vllm-k4", "/t", "/d", 8000, 4)
@@ -125,3 +135,9 @@ def test_served_mode_end_to_end_on_tiny_models(tmp_path):
     assert adaptive["acceptance"] is not None  # it drafted, through vLLM's counters
     assert all(s["kv_tokens"] > 0 for s in res["servers"])
     assert (out / "results.md").is_file() and (out / "served-speedup-tiny.png").is_file()
+    # The report is rebuilt from the run's files alone.
+    (out / "results.md").unlink()
+    assert served.main(["--served", "--render", str(out)]) == 0
+    again = json.loads((out / "results.json").read_text())
+    assert again["cells"] == res["cells"] and again["mismatches"] == []
+    assert (out / "results.md").is_file()

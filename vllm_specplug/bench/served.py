@@ -40,7 +40,6 @@ import random
 import re
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import time
@@ -413,10 +412,28 @@ def vllm_bench_serve(argv: list[str], log: Path) -> None:
         bench_main(args)
 
 
+def per_request(raw: dict) -> dict:
+    """Per-request figures from a ``--save-detailed`` result of ``vllm bench serve``.
+
+    A request's TPOT is its time after the first token over the tokens after
+    it, as vLLM's client reckons ``mean_tpot_ms``: with speculation a stream
+    chunk carries several tokens, so the mean gap between chunks is not it.
+    """
+    itls, lens = raw.get("itls") or [], raw.get("output_lens") or []
+    return dict(tpots_ms=[1e3 * sum(x) / (n - 1) for x, n in zip(itls, lens) if x and n > 1],
+                ttfts_ms=[1e3 * x for x in raw.get("ttfts") or [] if x],
+                texts=raw.get("generated_texts") or [], output_lens=lens)
+
+
+def raw_path(out: Path, setup: str, arm: str, key: str, rnd: int = 1) -> Path:
+    return (out / "raw" / setup / arm / (f"round{rnd}" if rnd > 1 else "")
+            / (key.replace("/", "-") + ".json"))
+
+
 def run_cell(server, cell, setup, tokenizer_path, out: Path, arm: str, rnd: int = 1) -> dict:
-    result_dir = out / "raw" / setup.name / arm / (f"round{rnd}" if rnd > 1 else "")
+    path = raw_path(out, setup.name, arm, cell.key, rnd)
+    result_dir, name = path.parent, path.name
     result_dir.mkdir(parents=True, exist_ok=True)
-    name = cell.key.replace("/", "-") + ".json"
     before = server.spec_counters()
     argv = client_args(server, cell, setup, tokenizer_path, result_dir, name)
     log = result_dir / (name[:-5] + ".log")
@@ -438,11 +455,7 @@ def run_cell(server, cell, setup, tokenizer_path, out: Path, arm: str, rnd: int 
                drafts_per_draft_step=(d["draft_tokens"] / d["drafts"]) if d["drafts"] else 0.0,
                accepted_len=(1 + d["accepted"] / d["drafts"]) if d["drafts"] else None,
                spec_counts=d)
-    itls, lens = raw.get("itls") or [], raw.get("output_lens") or []
-    rec["tpots_ms"] = [1e3 * statistics.fmean(x) for x in itls if x]
-    rec["ttfts_ms"] = [1e3 * x for x in raw.get("ttfts") or [] if x]
-    rec["texts"] = raw.get("generated_texts") or []
-    rec["output_lens"] = lens
+    rec.update(per_request(raw))
     errors = [e for e in (raw.get("errors") or []) if e]
     if errors:
         rec["errors"] = errors[:5]
@@ -483,6 +496,9 @@ def parse_args(argv):
                    help="the adaptive servers write their decision traces to logs/ "
                         "(vllm-specplug trace plot FILE draws one)")
     p.add_argument("--out", default="bench-served", help="output folder")
+    p.add_argument("--render", default=None, metavar="DIR",
+                   help="rewrite the report of a finished run in DIR from its results.json "
+                        "and raw/ files; runs nothing")
     p.add_argument("--tiny-root", default="/tmp/vllm-specplug-bench-tiny")
     p.add_argument("--data-cache", default=None, help="prompt-set cache (vllm-specplug data)")
     args = p.parse_args(argv)
@@ -514,6 +530,8 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
+    if args.render:
+        return render(Path(args.render))
     # The servers' environment; this process's is left alone.
     base_env = dict(os.environ)
     env_defaults(base_env)
@@ -620,6 +638,27 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[served] {len(failures)} failed run(s) or server start(s): see "
               f"{out / 'results.md'}", file=sys.stderr)
     return 1 if failing or failures else 0
+
+
+def render(out: Path) -> int:
+    """The report of a finished run, again: from its results.json and vLLM's raw results."""
+    from vllm_specplug.bench import served_report
+
+    path = out / "results.json"
+    if not path.is_file():
+        raise SystemExit(f"--render: no results.json in {out}")
+    res = json.loads(path.read_text())
+    runs = []
+    for r in res.get("runs_by_round") or res["runs"]:
+        key = Cell(r["workload"], r["kind"], r["concurrency"], 0, "", False, False).key
+        raw = raw_path(out, r["setup"], r["arm"], key, r.get("round") or 1)
+        if not raw.is_file():
+            raise SystemExit(f"--render: {raw} is missing")
+        runs.append(dict(r, **per_request(json.loads(raw.read_text()))))
+    res = served_report.summarise(runs, res["servers"], res["meta"], res.get("failures"))
+    served_report.write(res, out)
+    print(served_report.markdown(res))
+    return 0
 
 
 def _commit() -> str:
