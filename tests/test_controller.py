@@ -388,28 +388,27 @@ def test_correction_tracks_the_median_not_the_mean():
     rng = np.random.default_rng(0)
     for _ in range(600):
         ratio = 1.3 * rng.lognormal(0.0, 0.05) * (10.0 if rng.random() < 0.2 else 1.0)
-        assert corr.observe(40, True, 1.0, ratio)
-    assert 1.25 <= corr.ratio(40, True) <= 1.4
+        assert corr.observe(40, 1.0, ratio)
+    assert 1.25 <= corr.ratio(40) <= 1.4
     assert corr.observations == 600
-    # Other buckets keep the profile's price: plain steps, other token bands.
-    assert corr.ratio(40, False) == 1.0
-    assert corr.ratio(8, True) == corr.ratio(128, True) == 1.0
-    assert corr.ratio(32, True) == corr.ratio(63, True) == corr.ratio(40, True)
+    # Other token bands keep the profile's price.
+    assert corr.ratio(8) == corr.ratio(128) == 1.0
+    assert corr.ratio(32) == corr.ratio(63) == corr.ratio(40)
 
 
 def test_correction_absorbs_a_steady_mismatch_within_a_few_dozen_steps():
     corr = ProfileCorrection()
     for i in range(25):
-        corr.observe(4, False, 2e-3, 1.5 * 2e-3)
-    assert corr.ratio(4, False) == pytest.approx(1.5, rel=0.02)
+        corr.observe(4, 2e-3, 1.5 * 2e-3)
+    assert corr.ratio(4) == pytest.approx(1.5, rel=0.02)
 
 
 @pytest.mark.parametrize("measured, bound", [(10.0, 2.0), (0.01, 0.5)])
 def test_correction_is_clipped(measured, bound):
     corr = ProfileCorrection()
     for _ in range(200):
-        corr.observe(100, True, 1.0, measured)
-    assert corr.ratio(100, True) == pytest.approx(bound)
+        corr.observe(100, 1.0, measured)
+    assert corr.ratio(100) == pytest.approx(bound)
 
 
 def test_correction_drops_garbage():
@@ -417,7 +416,7 @@ def test_correction_drops_garbage():
     for profiled, measured in [(1.0, float("nan")), (1.0, -1.0), (1.0, 0.0),
                                (1.0, float("inf")), (1.0, -float("inf")),
                                (0.0, 1.0), (-1.0, 1.0), (float("nan"), 1.0)]:
-        assert corr.observe(8, True, profiled, measured) is False
+        assert corr.observe(8, profiled, measured) is False
     assert corr.observations == 0
     assert not corr._log.any()
 
@@ -425,28 +424,28 @@ def test_correction_drops_garbage():
 def test_a_single_stall_moves_the_ratio_by_at_most_one_step():
     corr = ProfileCorrection(forget=0.0)  # the step rule alone
     for _ in range(50):
-        corr.observe(16, True, 1.0, 1.0)
-    corr.observe(16, True, 1.0, 100.0)
-    assert corr.ratio(16, True) == pytest.approx(math.exp(corr.step))
-    corr.observe(16, True, 1.0, 1.0)
-    assert corr.ratio(16, True) == pytest.approx(1.0)
-    corr.observe(16, True, 1.0, 0.01)
-    assert corr.ratio(16, True) == pytest.approx(math.exp(-corr.step))
+        corr.observe(16, 1.0, 1.0)
+    corr.observe(16, 1.0, 100.0)
+    assert corr.ratio(16) == pytest.approx(math.exp(corr.step))
+    corr.observe(16, 1.0, 1.0)
+    assert corr.ratio(16) == pytest.approx(1.0)
+    corr.observe(16, 1.0, 0.01)
+    assert corr.ratio(16) == pytest.approx(math.exp(-corr.step))
 
 
-def test_an_unobserved_bucket_is_forgotten_back_to_the_profile():
+def test_an_unvisited_band_is_forgotten_back_to_the_profile():
     corr = ProfileCorrection()
     for _ in range(100):
-        corr.observe(16, True, 1.0, 2.0)  # drafting steps measured 2x the profile
-    high = corr.ratio(16, True)
+        corr.observe(16, 1.0, 2.0)  # steps of 16-31 tokens measured 2x the profile
+    high = corr.ratio(16)
     assert high > 1.5
     for _ in range(600):
-        corr.observe(16, False, 1.0, 1.0)  # then only plain steps
-    assert 1.0 <= corr.ratio(16, True) < 1.0 + 0.35 * (high - 1.0)
-    # An observed bucket keeps its measured ratio despite the forgetting.
+        corr.observe(200, 1.0, 1.0)  # then only larger steps
+    assert 1.0 <= corr.ratio(16) < 1.0 + 0.35 * (high - 1.0)
+    # A visited band keeps its measured ratio despite the forgetting.
     for _ in range(300):
-        corr.observe(16, True, 1.0, 1.5)
-    assert corr.ratio(16, True) == pytest.approx(1.5, rel=0.08)
+        corr.observe(16, 1.0, 1.5)
+    assert corr.ratio(16) == pytest.approx(1.5, rel=0.08)
 
 
 def test_correction_ratios_from_matches_ratio():
@@ -455,14 +454,12 @@ def test_correction_ratios_from_matches_ratio():
     corr = ProfileCorrection(step=0.3)
     rng = np.random.default_rng(1)
     for _ in range(300):
-        corr.observe(float(rng.integers(1, 1 << 14)), bool(rng.random() < 0.5), 1.0,
-                     float(rng.lognormal(0.0, 0.6)))
+        corr.observe(float(rng.integers(1, 1 << 14)), 1.0, float(rng.lognormal(0.0, 0.6)))
     for _ in range(100):
         start, count = int(rng.integers(1, 9000)), int(rng.integers(1, 700))
-        for drafting in (False, True):
-            got = corr.ratios_from(start, count, drafting)
-            want = [corr.ratio(t, drafting) for t in range(start, start + count)]
-            assert got.shape == (count,) and np.allclose(got, want, rtol=1e-12)
+        got = corr.ratios_from(start, count)
+        want = [corr.ratio(t) for t in range(start, start + count)]
+        assert got.shape == (count,) and np.allclose(got, want, rtol=1e-12)
 
 
 def test_observe_step_corrects_the_profile_price_and_nothing_else():
@@ -476,13 +473,34 @@ def test_observe_step_corrects_the_profile_price_and_nothing_else():
     assert ctrl.profile.to_dict() == before
     corr = ctrl.pricer.correction
     assert corr.observations == 30
-    assert corr.ratio(5, True) == pytest.approx(1.2, rel=0.03)
-    assert corr.ratio(5, False) == 1.0
-    # The pricer prices with it: a drafting step at the corrected price.
-    assert ctrl.pricer.seconds(5, 1, 4) == pytest.approx(corr.ratio(5, True)
-                                                         * profile.step(5, 1, 4))
+    assert corr.ratio(5) == pytest.approx(1.2, rel=0.03)
+    # The pricer prices with it, a plain step of the band as a drafting one.
+    assert ctrl.pricer.seconds(5, 1, 4) == pytest.approx(corr.ratio(5) * profile.step(5, 1, 4))
+    assert ctrl.pricer.seconds(5, 5, 0) == pytest.approx(corr.ratio(5) * profile.step(5, 5, 0))
     # A catch-up is part of the step its profile price is compared with.
     assert ctrl.observe_step(1, 5, 4, profile.step(5, 1, 4, 64), catchup_tokens=64)
+
+
+def test_a_mismatch_learnt_on_drafting_steps_prices_plain_steps_too():
+    # The engine runs 1.3x slower than its profile (a busier host, longer
+    # contexts), and every step the policy runs drafts.  The correction must
+    # raise plain decoding's price with drafting's: learnt for drafting
+    # steps alone, it would make plain look 1.3x cheaper than drafting,
+    # flip the policy to plain, and go stale there in turn.
+    pricer = StepPricer(MODERATE)
+    policy = GoodputPolicy()
+    survival = np.cumprod(np.full((8, 4), 0.6), axis=1)
+    ceilings = np.full(8, 4)
+    before = policy.decide(survival, ceilings, 8, pricer)
+    assert before.k_step >= 1 and 1.05 < before.predicted_speedup < 1.3
+    for i in range(300):
+        tokens = 8 + i % 25  # every size a plan of this batch can take
+        measured = 1.3 * MODERATE.step(tokens, 8, before.k_step)
+        assert pricer.observe(tokens, 8, before.k_step, measured)
+    after = policy.decide(survival, ceilings, 8, pricer)
+    assert (after.k_step, after.k.tolist()) == (before.k_step, before.k.tolist())
+    assert after.predicted_speedup == pytest.approx(before.predicted_speedup, rel=0.01)
+    assert after.predicted_seconds == pytest.approx(1.3 * before.predicted_seconds, rel=0.03)
 
 
 # -- the goodput policy: closed loops ------------------------------------------------
@@ -801,18 +819,19 @@ def test_finished_requests_free_state():
 def plan_seconds(pricer, batch, base, k_step, n):
     """Decode seconds of a plan as the policy defines them (its docstring).
 
-    Plain decoding (K_step = 0): the plain step of the decoding requests.  A
-    plan that runs ``k_step`` draft positions and verifies ``n`` drafts: the
-    step's corrected price, less the prefill chunk's share (profiled plain step with the
-    chunk minus without it) at the same correction.
+    Plain decoding (K_step = 0): the plain step of the decoding requests, at
+    the correction of the step's size.  A plan that runs ``k_step`` draft
+    positions and verifies ``n`` drafts: the step's corrected price, less the
+    prefill chunk's share (profiled plain step with the chunk minus without
+    it) at the same correction.
     """
     profile, corr = pricer.profile, pricer.correction
     if k_step == 0:
-        return pricer.seconds(batch, batch, 0)
+        return corr.ratio(base) * profile.step(batch, batch, 0)
     tokens = base + n
     prefill = profile.target(base) - profile.target(batch)
     raw = profile.step(tokens, batch, k_step) - prefill
-    return corr.ratio(tokens, True) * raw
+    return corr.ratio(tokens) * raw
 
 
 def best_rate_by_enumeration(survival, ceilings, base, pricer, fixed_k_step=None):
@@ -840,7 +859,7 @@ def best_rate_by_enumeration(survival, ceilings, base, pricer, fixed_k_step=None
             if n == 0 and fixed_k_step is None:
                 continue  # draft passes and nothing to verify: never the plan
             t = base + n
-            seconds = corr.ratio(t, True) * (profile.step(t, batch, j) - prefill)
+            seconds = corr.ratio(t) * (profile.step(t, batch, j) - prefill)
             best = max(best, (batch + gain) / seconds)
     return best
 
@@ -855,10 +874,9 @@ def random_case(rng):
     base = float(batch + (int(rng.choice([1, 16, 200, 1500])) if rng.random() < 0.4 else 0))
     profile = random_profile(rng, max_tokens=int(rng.choice([64, 512, 4096])))
     corr = ProfileCorrection(step=0.3)
-    if rng.random() < 0.7:  # live corrections: a different ratio per bucket
+    if rng.random() < 0.7:  # live corrections: a different ratio per band
         for _ in range(200):
-            corr.observe(float(rng.integers(1, 6000)), bool(rng.random() < 0.5), 1.0,
-                         float(rng.lognormal(0.0, 0.5)))
+            corr.observe(float(rng.integers(1, 6000)), 1.0, float(rng.lognormal(0.0, 0.5)))
     fixed = int(rng.integers(0, width + 1)) if rng.random() < 0.2 else None
     return survival, ceilings, base, StepPricer(profile, corr), fixed
 

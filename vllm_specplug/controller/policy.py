@@ -49,12 +49,12 @@ class StepPricer:
 
     def seconds(self, tokens: float, batch: int, k_step: int, catchup_tokens: float = 0.0) -> float:
         raw = self.profile.step(tokens, batch, k_step, catchup_tokens)
-        return raw * self.correction.ratio(tokens, k_step > 0)
+        return raw * self.correction.ratio(tokens)
 
     def observe(self, tokens: float, batch: int, k_step: int, seconds: float,
                 catchup_tokens: float = 0.0) -> bool:
         raw = self.profile.step(tokens, batch, k_step, catchup_tokens)
-        return self.correction.observe(tokens, k_step > 0, raw, seconds)
+        return self.correction.observe(tokens, raw, seconds)
 
 
 class GoodputPolicy:
@@ -119,9 +119,12 @@ class GoodputPolicy:
         batch, width = survival.shape
         profile, corr = pricer.profile, pricer.correction
         base = max(float(base_tokens), float(batch))
+        # Every plan of this step, plain's included, is priced at the
+        # correction of the step's own size, prefill chunk and all.
+        prefill_p = float(profile.target(base)) - float(profile.target(float(batch)))
         plain_full = pricer.seconds(base, batch, 0)
-        plain = pricer.seconds(batch, batch, 0)
-        prefill_s = plain_full - plain
+        prefill_s = prefill_p * corr.ratio(base)
+        plain = plain_full - prefill_s
         if fixed_k_step == 0 or width == 0 or batch == 0:
             return self._plain(batch, plain, prefill_s, fixed_k_step or 0)
 
@@ -147,13 +150,9 @@ class GoodputPolicy:
             js = np.array([fixed_k_step])
         # Profiled seconds of a drafting step's decode work by the number n
         # of slots it verifies (0..all), before the K_step-dependent draft
-        # passes: the step less its prefill share.  The correction, a ratio
-        # of whole measured steps, scales the whole step, prefill share
-        # included (the plain bucket's price of the chunk is not this
-        # plan's: taken off at it, the decode seconds can go to nothing).
+        # passes: the step less its prefill share.
         tokens = base + np.arange(vals.size + 1, dtype=np.float64)
-        ratio = corr.ratios_from(int(base), tokens.size, True)
-        prefill_p = float(profile.target(base)) - float(profile.target(float(batch)))
+        ratio = corr.ratios_from(int(base), tokens.size)
         by_n = profile.verify_and_first(tokens) - prefill_p
         passes = (js - 1) * profile.draft_pass(batch)
         # Per K_step (rows) and slot in order (columns), the plan that admits

@@ -26,11 +26,13 @@ GPU with CUDA graphs a step runs at the next captured size: ``pad_sizes``
 makes the curves step functions there, as vLLM's own adaptive verification
 tables do.
 
-``ProfileCorrection`` is the only price learnt from live steps: per bucket
-of step shape, the median ratio of measured to profiled time, tracked with a
-fixed step in log space and clipped to [0.5, 2].  A few slow first steps
-move it a few percent, not to a price that keeps drafting off for good, and
-a shape that is never run keeps the profile's price.
+``ProfileCorrection`` is the only price learnt from live steps: per band of
+step size, the median ratio of measured to profiled time, tracked with a
+fixed step in log space and clipped to [0.5, 2].  It scales drafting and
+plain steps of a size alike, so it moves the price level, never the
+profile's price of drafting against plain decoding: a few slow first
+drafting steps cannot keep drafting off, and plain decoding's price does
+not go stale while every step drafts.
 """
 
 from __future__ import annotations
@@ -260,16 +262,20 @@ class StepProfile:
 
 
 class ProfileCorrection:
-    """Per-bucket median ratio of measured to profiled step time.
+    """Per-band median ratio of measured to profiled step time.
 
-    Buckets: whether the step drafted, times the power-of-two band of its
-    token count.  Each kept observation moves the bucket's log-ratio by
-    ``step`` toward the observed one (a running median), so one stall or a
-    few cold first steps move a price by a few percent at most, and a
-    steady mismatch (longer real contexts than the profile's, a busier
-    machine) is absorbed within a few dozen steps.  Ratios stay in
-    [``low``, ``high``] and are forgotten slowly toward 1 (``forget`` per
-    observed step): the profile remains the source of the price.
+    A band is the power-of-two range of a step's token count.  Drafting and
+    plain steps of a band share its ratio: what the profile's dummy steps
+    miss (longer real contexts, a busier machine, a cold shape) changes
+    both alike, while a ratio kept per kind of step is learnt only for the
+    kind the policy runs, so the other kind's price goes stale and the
+    comparison the argmax makes drifts with it.  Each kept observation
+    moves the band's log-ratio by ``step`` toward the observed one (a
+    running median), so one stall or a few cold first steps move a price by
+    a few percent at most, and a steady mismatch is absorbed within a few
+    dozen steps.  Ratios stay in [``low``, ``high``] and are forgotten
+    slowly toward 1 (``forget`` per observed step): the profile remains the
+    source of the price.
     """
 
     BANDS = 24
@@ -277,44 +283,42 @@ class ProfileCorrection:
     def __init__(self, step: float = 0.02, low: float = 0.5, high: float = 2.0,
                  forget: float = 0.002) -> None:
         self.step = step
-        # Every observed step pulls every bucket's log-ratio toward the
-        # profile's (0) by this share: a bucket no step exercises any more
-        # (drafting while every plan is plain) drifts back to the measured
-        # profile over a few hundred steps instead of keeping an old price.
+        # Every observed step pulls every band's log-ratio toward the
+        # profile's (0) by this share: a band no step visits any more
+        # drifts back to the measured profile instead of keeping an old price.
         self.keep = 1.0 - forget
         self.low, self.high = math.log(low), math.log(high)
-        self._log = np.zeros((2, self.BANDS))
+        self._log = np.zeros(self.BANDS)
         self.observations = 0
 
     @classmethod
     def band(cls, tokens: float) -> int:
         return min(max(int(math.log2(max(tokens, 1.0))), 0), cls.BANDS - 1)
 
-    def ratio(self, tokens: float, drafting: bool) -> float:
-        return math.exp(float(self._log[int(drafting), self.band(tokens)]))
+    def ratio(self, tokens: float) -> float:
+        return math.exp(float(self._log[self.band(tokens)]))
 
-    def ratios_from(self, start: int, count: int, drafting: bool) -> np.ndarray:
+    def ratios_from(self, start: int, count: int) -> np.ndarray:
         """Ratios for steps of ``start``, ``start + 1``, ... ``start + count - 1`` tokens."""
-        row = self._log[int(drafting)]
         lo, hi = self.band(start), self.band(start + count - 1)
         if lo == hi:
-            return np.full(count, math.exp(row[lo]))
+            return np.full(count, math.exp(self._log[lo]))
         # Band b holds [2^b, 2^(b+1)); the last band holds everything past it.
         edges = [start] + [1 << b for b in range(lo + 1, hi + 1)] + [start + count]
         lengths = [e1 - e0 for e0, e1 in zip(edges, edges[1:])]
-        return np.repeat(np.exp(row[lo:hi + 1]), lengths)
+        return np.repeat(np.exp(self._log[lo:hi + 1]), lengths)
 
-    def observe(self, tokens: float, drafting: bool, profiled: float, measured: float) -> bool:
+    def observe(self, tokens: float, profiled: float, measured: float) -> bool:
         """Fold in one step; returns whether it was kept (garbage timings are not)."""
         if not (profiled > 0 and math.isfinite(measured) and measured > 0):
             return False
-        row, col = int(drafting), self.band(tokens)
+        col = self.band(tokens)
         self._log *= self.keep
         seen = math.log(measured / profiled)
-        cur = self._log[row, col]
+        cur = self._log[col]
         if seen != cur:
             cur += self.step if seen > cur else -self.step
-        self._log[row, col] = min(max(cur, self.low), self.high)
+        self._log[col] = min(max(cur, self.low), self.high)
         self.observations += 1
         return True
 

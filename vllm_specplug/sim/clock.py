@@ -8,8 +8,7 @@ multiplies each step's cost by
 - a cold-shape factor: the first ``cold_steps`` steps of a shape not run
   before take ``cold_factor`` times as long (kernel selection, allocator
   growth, compilation of a new size).  A shape is whether the step drafts
-  (K_step >= 1) and the power-of-two band of its token count, the same
-  buckets as the controller's ``ProfileCorrection``;
+  (K_step >= 1) and the power-of-two band of its token count;
 - a rare stall: with probability ``stall_prob`` a step takes
   ``stall_factor`` times as long (a host hiccup, a preempted process);
 - lognormal noise of shape ``noise`` with mean 1.
