@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vllm_specplug.bench.runner import Progress, resolve_model
-from vllm_specplug.bench.served_report import ORDER as ARMS
+from vllm_specplug.bench.served_report import ORDER as ARMS, spec_rates
 from vllm_specplug.bench.setups import VLLM_TABLE
 
 SERVED_NAME = "bench-target"
@@ -450,11 +450,7 @@ def run_cell(server, cell, setup, tokenizer_path, out: Path, arm: str, rnd: int 
     rec = {k: raw.get(k) for k in KEEP if k in raw}
     rec.update(setup=setup.name, arm=arm, workload=cell.workload, kind=cell.kind,
                concurrency=cell.concurrency, rate=setup.rate if cell.kind == "rate" else None,
-               requests=cell.requests, round=rnd,
-               acceptance=(d["accepted"] / d["draft_tokens"]) if d["draft_tokens"] else None,
-               drafts_per_draft_step=(d["draft_tokens"] / d["drafts"]) if d["drafts"] else 0.0,
-               accepted_len=(1 + d["accepted"] / d["drafts"]) if d["drafts"] else None,
-               spec_counts=d)
+               requests=cell.requests, round=rnd, spec_counts=d, **spec_rates(d))
     rec.update(per_request(raw))
     errors = [e for e in (raw.get("errors") or []) if e]
     if errors:

@@ -37,6 +37,13 @@ def _by(runs, kind):
     return out
 
 
+def spec_rates(d: dict) -> dict:
+    """Acceptance figures from vLLM's spec-decode counters (``drafts``, ``draft_tokens``, ``accepted``)."""
+    return dict(acceptance=(d["accepted"] / d["draft_tokens"]) if d["draft_tokens"] else None,
+                drafts_per_draft_step=(d["draft_tokens"] / d["drafts"]) if d["drafts"] else 0.0,
+                accepted_len=(1 + d["accepted"] / d["drafts"]) if d["drafts"] else None)
+
+
 def _pct(xs, q):
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else None
@@ -64,9 +71,7 @@ def _pool(group: list[dict]) -> dict:
     counts = [r.get("spec_counts") for r in group]
     if all(counts):
         d = {k: sum(c[k] for c in counts) for k in counts[0]}
-        out.update(spec_counts=d,
-                   acceptance=(d["accepted"] / d["draft_tokens"]) if d["draft_tokens"] else None,
-                   accepted_len=(1 + d["accepted"] / d["drafts"]) if d["drafts"] else None)
+        out.update(spec_counts=d, **spec_rates(d))
     out["texts"] = [t for r in group for t in r.get("texts") or []]
     return out
 

@@ -28,11 +28,11 @@ tables do.
 
 ``ProfileCorrection`` is the only price learnt from live steps: per band of
 step size, the median ratio of measured to profiled time, tracked with a
-fixed step in log space and clipped to [0.5, 2].  It scales drafting and
-plain steps of a size alike, so it moves the price level, never the
-profile's price of drafting against plain decoding: a few slow first
-drafting steps cannot keep drafting off, and plain decoding's price does
-not go stale while every step drafts.
+fixed step in log space and clipped to [0.5, 2].  Drafting and plain
+steps of a band share its ratio, so within a band it moves the price
+level, never the profile's price of drafting against plain decoding; a few
+slow first steps move a price a few percent, not to one that keeps drafting
+off for good.
 """
 
 from __future__ import annotations
