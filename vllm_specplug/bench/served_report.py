@@ -84,6 +84,15 @@ def _pooled(runs) -> list[dict]:
     return [_pool(g) for g in groups.values()]
 
 
+def _vs_best(tok_s: dict) -> tuple[str, float] | None:
+    """(best fixed arm, adaptive / its tok/s) for one cell's arms, or None."""
+    fixed = {a: v for a, v in tok_s.items() if a != "adaptive"}
+    if "adaptive" not in tok_s or not fixed:
+        return None
+    best = max(fixed, key=fixed.get)
+    return best, tok_s["adaptive"] / fixed[best]
+
+
 def _round_ratios(runs) -> dict:
     """Per (setup, workload, load): adaptive / best fixed arm, round by round."""
     rounds: dict = {}
@@ -93,9 +102,9 @@ def _round_ratios(runs) -> dict:
                 r["arm"]] = r["output_throughput"]
     out: dict = {}
     for (s, w, load, rnd), arms in sorted(rounds.items()):
-        fixed = [v for a, v in arms.items() if a != "adaptive"]
-        if "adaptive" in arms and fixed:
-            out.setdefault((s, w, load), []).append(arms["adaptive"] / max(fixed))
+        vs = _vs_best(arms)
+        if vs:
+            out.setdefault((s, w, load), []).append(vs[1])
     return out
 
 
@@ -137,11 +146,9 @@ def summarise(runs: list[dict], servers: list[dict], meta: dict,
         cell = dict(setup=s, workload=w, load=load, plain_tok_s=plain,
                     x_plain={a: (r["output_throughput"] / plain if plain else None)
                              for a, r in arms.items()})
-        fixed = {a: r["output_throughput"] for a, r in arms.items() if a != "adaptive"}
-        if "adaptive" in arms and fixed:
-            best = max(fixed, key=fixed.get)
-            cell.update(best_fixed=best,
-                        adaptive_vs_best=arms["adaptive"]["output_throughput"] / fixed[best])
+        vs = _vs_best({a: r["output_throughput"] for a, r in arms.items()})
+        if vs:
+            cell.update(best_fixed=vs[0], adaptive_vs_best=vs[1])
         if (s, w, load) in per_round:
             cell["rounds"] = per_round[(s, w, load)]
         cells.append(cell)
