@@ -168,6 +168,21 @@ def test_estimator_shrinks_new_request_toward_global_profile():
     assert alpha_new[0] < 0.2
 
 
+def test_estimator_pool_follows_a_change_of_workload_within_a_few_requests():
+    # Ten requests whose drafts are all accepted, then two whose drafts are
+    # all rejected: the third of the new kind starts from the new kind's
+    # acceptance, not the old one's (the pool covers the last few requests,
+    # not a fixed number of verifications).
+    est = AcceptanceEstimator(2)
+    for i, accepted in enumerate([2] * 10 + [0] * 2):
+        est.add(f"r{i}")
+        for _ in range(20):
+            est.observe(f"r{i}", 2, accepted)
+        est.remove(f"r{i}")
+    est.add("next")
+    assert est.conditional(np.array([est.row("next")]))[0, 0] < 0.5
+
+
 def test_estimator_pools_alike_requests_and_keeps_different_ones_apart():
     # Ten forgotten observations of a 0.8 acceptance spread the estimates by
     # about +-0.13; a policy handing out slots by them favours the lucky

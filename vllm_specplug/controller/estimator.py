@@ -8,8 +8,8 @@ successes and trials of the *conditional* acceptance probability
 ``alpha_p = P(position p accepted | position p-1 accepted)``.
 
 Sparse per-request data is shrunk toward a global per-position profile (the
-same counts pooled over every request), which is itself shrunk toward a
-configured prior.  How strongly a request is shrunk is estimated from how
+same counts pooled over the last few requests, see ``POOL_FORGETTING``),
+which is itself shrunk toward a configured prior.  How strongly a request is shrunk is estimated from how
 much the live requests differ beyond sampling noise
 (``_update_prior_strength``).  The survival probability of slot ``j`` (the
 chance that drafts ``1..j`` are all accepted) is the running product of
@@ -32,7 +32,6 @@ class AcceptanceEstimator:
         self,
         max_positions: int,
         forgetting: float = 0.85,
-        global_forgetting: float = 0.99,
         prior_strength: float = 2.0,
         initial_acceptance: float = 0.6,
         initial_capacity: int = 64,
@@ -41,7 +40,6 @@ class AcceptanceEstimator:
             raise ValueError("max_positions must be >= 1")
         self.max_positions = max_positions
         self.forgetting = forgetting
-        self.global_forgetting = global_forgetting
         self.prior_strength = prior_strength
         self.initial_acceptance = initial_acceptance
         # Pseudo-trials that anchor the global profile to the prior; small so
@@ -54,7 +52,7 @@ class AcceptanceEstimator:
         self._counts = np.zeros((initial_capacity, 2, max_positions))
         self._succ, self._trials = self._counts[:, 0], self._counts[:, 1]
         self._surv = np.zeros((initial_capacity, max_positions))
-        # Pooled over all requests: successes, trials.
+        # Pooled over the last few requests (POOL_FORGETTING): successes, trials.
         self._global = np.zeros((2, max_positions))
         self._ones = np.ones(initial_capacity)
         self._rows: dict[str, int] = {}
@@ -94,10 +92,26 @@ class AcceptanceEstimator:
             self._counts[rows] = 0.0
             self._refresh_survival(rows)
 
+    # The pool's counts are scaled by this each time a request that drafted
+    # finishes, so the pool is what the last few requests saw, whatever
+    # their length and however many run at once.  Forgotten per observation
+    # instead, it covered ~100 verifications: four short requests at one
+    # request, a fraction of one long request, under two steps at 64; and
+    # after a change of workload new requests started from the old
+    # workload's acceptance for several requests.  Replayed over the
+    # recorded served traces (benchmarks/estimator_replay.py) this predicts
+    # the verified outcomes better than forgetting per observation, and
+    # halves the overestimate in the first steps of the requests that
+    # follow a change of workload.
+    POOL_FORGETTING = 0.6
+
     def remove(self, req_id: str) -> None:
         row = self._rows.pop(req_id, None)
         if row is not None:
             self._free_rows.append(row)
+            if self._trials[row, 0] > 0:
+                self._global *= self.POOL_FORGETTING
+                self._profile = None
 
     def _live_rows(self) -> np.ndarray:
         """Every live request's row."""
@@ -163,9 +177,8 @@ class AcceptanceEstimator:
         np.less(pos, accepted[:, None], out=outcome[:, 0])
         np.less(pos, np.minimum(accepted + 1, drafted)[:, None], out=outcome[:, 1])
         self._counts[rows] = self._counts[rows] * self.forgetting + outcome
-        g = self.global_forgetting ** n
         pooled = self._ones[:n] @ outcome.reshape(n, -1)
-        self._global = self._global * g + pooled.reshape(2, -1)
+        self._global += pooled.reshape(2, -1)
         self._profile = None
         profile = self.global_profile()
         self._observed_steps += 1
@@ -215,9 +228,9 @@ class AcceptanceEstimator:
         cap = max(self.POOL_MAX_STRENGTH, strength)  # never below the configured pull
         if np.count_nonzero(have) < self.POOL_MIN_ROWS:
             # Too few requests to tell how much they differ.  The pool is
-            # then mostly the same few requests' longer history (forgotten
-            # over ~100 verifications, a request's own estimate over ~10),
-            # and the configured weak pull left a lone request's deeper
+            # then mostly the same few requests' longer history (the last
+            # few requests, a request's own estimate ~7 verifications), and
+            # the configured weak pull left a lone request's deeper
             # positions to a handful of censored trials: on the simulated
             # 8B + EAGLE at one request on hard text it took K=1 in 27% of
             # steps where K=2 pays (0.968 of the best static K; 0.983 with
