@@ -26,36 +26,32 @@ from __future__ import annotations
 
 import argparse
 import glob
-import json
 import math
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 
-from vllm_specplug.controller import ControllerSettings
-from vllm_specplug.controller.estimator import AcceptanceEstimator
+from vllm_specplug.controller import ControllerSettings, SpecController
+from vllm_specplug.trace import read_trace
 
 RESULTS = Path(__file__).resolve().parent / "results"
 EARLY = 5
 
 
 def replay(path: str, totals: dict) -> None:
-    s = ControllerSettings(max_k=8)
-    est = AcceptanceEstimator(8, forgetting=s.forgetting, prior_strength=s.prior_strength,
-                              initial_acceptance=s.initial_acceptance)
+    # The estimator as the controller builds it from the default settings.
+    est = SpecController(ControllerSettings(max_k=8)).estimator
     seen: dict[str, int] = defaultdict(int)
-    batch, verified_last = 1, set()
-    with open(path) as f:
-        records = [json.loads(line) for line in f if line.strip()]
-    for r in records:
+    batch, verified_last, live = 1, set(), set()
+    for r in read_trace(path):
         if r["event"] == "plan":
-            live = set(r["requests"])
+            planned = set(r["requests"])
             # A request gone from the plan, with no verification pending, finished.
-            for rid in list(est._rows):
-                if rid not in live and rid not in verified_last:
-                    est.remove(rid)
-            for rid in live:
+            for rid in live - planned - verified_last:
+                est.remove(rid)
+            live = (live & verified_last) | planned
+            for rid in planned:
                 est.add(rid)
             batch = r["batch"]
             continue
@@ -63,6 +59,7 @@ def replay(path: str, totals: dict) -> None:
         rids = [rid for rid, (d, _) in r["requests"].items() if d > 0]
         if not rids:
             continue
+        live.update(rids)
         rows = np.array([est.add(rid) for rid in rids])
         surv = np.clip(est.survival(rows), 1e-6, 1.0)
         for i, rid in enumerate(rids):

@@ -9,8 +9,9 @@ successes and trials of the *conditional* acceptance probability
 
 Sparse per-request data is shrunk toward a global per-position profile (the
 same counts pooled over the last few requests, see ``POOL_FORGETTING``),
-which is itself shrunk toward a configured prior.  How strongly a request is shrunk is estimated from how
-much the live requests differ beyond sampling noise
+which is itself shrunk toward a configured prior.  How strongly a request
+is shrunk is estimated from how much the live requests differ beyond
+sampling noise
 (``_update_prior_strength``).  The survival probability of slot ``j`` (the
 chance that drafts ``1..j`` are all accepted) is the running product of
 ``alpha``; the expected number of accepted tokens when a request gets ``j``
@@ -94,11 +95,11 @@ class AcceptanceEstimator:
 
     # The pool's counts are scaled by this each time a request that drafted
     # finishes, so the pool is what the last few requests saw, whatever
-    # their length and however many run at once.  Forgotten per observation
-    # instead, it covered ~100 verifications: four short requests at one
-    # request, a fraction of one long request, under two steps at 64; and
-    # after a change of workload new requests started from the old
-    # workload's acceptance for several requests.  Replayed over the
+    # their length and however many run at once.  A pool forgotten per
+    # observation covers a fixed number of verifications instead (a few
+    # short requests at one request, part of a long one, a step or two at
+    # 64), so after a change of workload new requests would start from the
+    # old workload's acceptance for several requests.  Replayed over the
     # recorded served traces (benchmarks/estimator_replay.py) this predicts
     # the verified outcomes better than forgetting per observation, and
     # halves the overestimate in the first steps of the requests that
