@@ -76,8 +76,6 @@ class SpecController:
     # probe's drafts are verified one step after it is planned, and observed
     # one step later still under async scheduling.
     PROBE_TIMEOUT = 3
-    # Weight of the newest gap between arrivals in their running mean.
-    ARRIVAL_WEIGHT = 0.25
 
     def __init__(self, settings: ControllerSettings, profile: StepProfile | None = None):
         if settings.max_k < 0:
@@ -102,10 +100,6 @@ class SpecController:
         self._alloc(self.estimator.capacity)
         self.stats = ControllerStats(k_counts=np.zeros(settings.max_k + 1, dtype=np.int64))
         self.last_decision: Decision | None = None
-        # Tokens the engine yielded between arrivals: their running mean, and
-        # the count at the last arrival (None before the first).
-        self.arrival_gap: float | None = None
-        self._yielded_at_arrival: int | None = None
 
     @property
     def profile(self) -> StepProfile:
@@ -128,7 +122,6 @@ class SpecController:
     def add_request(self, req_id: str, ceiling: int | None = None) -> None:
         if req_id in self._row_of:
             return
-        self._arrival()
         s = self.settings
         row = self.estimator.add(req_id)
         if row >= self._ceiling.size:
@@ -142,20 +135,6 @@ class SpecController:
         self._in_fallback[row] = 0
         self._last_ids = None
         self.heuristic.reset(row)
-
-    def _arrival(self) -> None:
-        """A request arrived: the tokens yielded since the last one are a gap.
-
-        Arrivals with nothing yielded between them (a burst) are one.
-        """
-        yielded = self.stats.request_steps + self.stats.accepted
-        last = self._yielded_at_arrival
-        self._yielded_at_arrival = yielded
-        if last is None or yielded <= last:
-            return
-        gap = float(yielded - last)
-        g = self.arrival_gap
-        self.arrival_gap = gap if g is None else g + self.ARRIVAL_WEIGHT * (gap - g)
 
     def set_ceiling(self, req_id: str, ceiling: int) -> None:
         """Change a live request's ceiling (0 turns its speculation off)."""
@@ -258,11 +237,11 @@ class SpecController:
         most drafts it can use in this plan, ``max_tokens`` less its output
         less 2 (a request about to reach ``max_tokens`` cannot use more than
         the tokens it has left); a request capped at 0 is not in fallback.
-        With both, the catch-up is spread over the tokens the batch has left
-        (caps + 2 each), or the tokens yielded between arrivals where that is
-        less (``_horizon``), and charged per token to plans that draft
-        (``GoodputPolicy``); without caps it is not charged.  It is in the
-        predicted seconds of a plan that drafts.
+        With caps, the catch-up and the draft's pass over a prefill chunk
+        are spread over the tokens the batch has left (caps + 2 each) and
+        charged per token to plans that draft (``GoodputPolicy``); without
+        caps they are not charged.  Both are in the predicted seconds of a
+        plan that drafts.
         """
         batch = len(req_ids)
         if batch == 0:
@@ -281,33 +260,17 @@ class SpecController:
             decision = self.heuristic.decide(rows, ceilings, fixed_k_step)
         else:
             catch_up = self.pricer.profile.catchup(catchup_tokens) if catchup_tokens else 0.0
-            owed = 0.0
-            if catch_up and caps is not None and fixed_k_step is None:
-                owed = catch_up / self._horizon(caps, batch)
+            # What the draft has not seen buys drafting for the batch's tokens
+            # left: caps + 2 each (the step that verifies a plan yields at
+            # most caps + 1 more, this one at least one).
+            horizon = (float(np.sum(caps)) + 2.0 * batch
+                       if caps is not None and fixed_k_step is None else None)
             decision = self.goodput.decide(self.estimator.survival(rows), ceilings, base,
-                                           self.pricer, fixed_k_step, owed)
-            self._probe(rows, ceilings, decision, base, fixed_k_step, owed)
-            if decision.k_step > 0:
-                decision.predicted_seconds += catch_up
+                                           self.pricer, fixed_k_step, catch_up, horizon)
+            self._probe(rows, ceilings, decision, base, fixed_k_step, catch_up, horizon)
         self._account(rows, ceilings, decision)
         self.last_decision = decision
         return decision
-
-    def _horizon(self, caps, batch: int) -> float:
-        """Tokens a catch-up paid now buys drafting for.
-
-        The batch's tokens left (caps + 2 each), unless requests arrive
-        sooner: each arrival's prompt is new to the draft, and drafting past
-        it costs its own draft pass (a catch-up of the prompt, or the pass
-        over it in the step that prefills it), which must pay for itself in
-        turn.  So a catch-up is won back within the tokens the engine yields
-        between arrivals, their running mean (arrivals taken as memoryless:
-        the mean gap whenever the catch-up falls).
-        """
-        left = float(np.sum(caps)) + 2.0 * batch
-        if self.arrival_gap is None:
-            return left
-        return max(min(left, self.arrival_gap), 1.0)
 
     # -- probes ------------------------------------------------------------
     def _reset_probe(self, rows: np.ndarray) -> None:
@@ -328,7 +291,7 @@ class SpecController:
         self._probe_size[passed] = np.minimum(self._probe_size[passed] * 2,
                                               np.maximum(self._ceiling[passed], 1))
 
-    def _probe(self, rows, ceilings, decision, base, fixed_k_step, owed) -> None:
+    def _probe(self, rows, ceilings, decision, base, fixed_k_step, catch_up, horizon) -> None:
         """Send a small probe to requests that sat in fallback long enough.
 
         A request granted nothing while its ceiling allows drafts is in
@@ -366,7 +329,8 @@ class SpecController:
         hopeful = self.estimator.survival(rows).copy()
         width = hopeful.shape[1]
         hopeful[due_idx] = self.PROBE_OPTIMISM ** np.arange(1, width + 1)
-        plan = self.goodput.decide(hopeful, ceilings, base, self.pricer, fixed_k_step, owed)
+        plan = self.goodput.decide(hopeful, ceilings, base, self.pricer, fixed_k_step,
+                                   catch_up, horizon)
         depth = int(plan.k[due_idx].max(initial=0))
         if decision.k_step > 0 and fixed_k_step is None:
             depth = min(depth, decision.k_step)

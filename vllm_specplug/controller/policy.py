@@ -79,15 +79,19 @@ class GoodputPolicy:
     is left out of every plan's seconds, while the drafts are still priced
     at the step's real size.
 
-    A zero-cost fallback catch-up (the draft re-run over what it skipped,
-    from the first stale KV block) is paid once, when drafting resumes, and
-    buys drafting for the rest of the batch's tokens or until the next
-    arrival brings a prompt the draft must pass over in turn:
-    ``owed_s_per_token`` spreads it over those tokens
-    (``SpecController.plan``), so every drafting plan is charged that much
-    for each token it yields.  Resuming then has to win back its catch-up
-    before the requests end or the next one arrives, however long they sat
-    in fallback: the charge never rises without bound.
+    With the zero-cost fallback a step that drafts nothing skips the draft
+    too, so what the draft has not seen is paid for once, by the step that
+    drafts past it: the catch-up (the draft re-run over what it skipped,
+    from the first stale KV block) when drafting resumes, and, in a step
+    that prefills, the draft's pass over the prefill chunk.  Drafting now or
+    drafting later, that work buys drafting for the rest of the batch's
+    tokens, so it is spread over them (``horizon`` tokens: ``SpecController.plan``)
+    and every drafting plan is charged its share for each token it yields.
+    A step that carries a new prompt then drafts when drafting pays for the
+    batch, instead of skipping the prompt and paying for it again as a
+    catch-up a step later; resuming after a long fallback has to win its
+    catch-up back before the requests end, and the charge never rises
+    without bound.
     """
 
     name = "goodput"
@@ -106,15 +110,18 @@ class GoodputPolicy:
         base_tokens: float,
         pricer: StepPricer,
         fixed_k_step: int | None = None,
-        owed_s_per_token: float = 0.0,
+        catch_up_s: float = 0.0,
+        horizon: float | None = None,
     ) -> Decision:
         """Best plan for ``survival`` (rows non-increasing along positions).
 
         ``base_tokens`` is what the step schedules besides drafts (one per
         decoding request plus prefill chunks).  ``fixed_k_step`` pins K_step
         (proposers that need a fixed K; lockstep data parallelism): then the
-        argmax is over the slots only.  ``owed_s_per_token``: a pending
-        catch-up's share per token yielded, charged to plans that draft.
+        argmax is over the slots only.  ``catch_up_s``: a pending catch-up,
+        paid by a plan that drafts; with ``horizon`` (tokens), it and the
+        draft's pass over a prefill chunk are charged per token yielded
+        instead of to this step alone (without one, neither is charged).
         """
         batch, width = survival.shape
         profile, corr = pricer.profile, pricer.correction
@@ -122,8 +129,15 @@ class GoodputPolicy:
         # Every plan of this step, plain's included, is priced at the
         # correction of the step's own size, prefill chunk and all.
         prefill_p = float(profile.target(base)) - float(profile.target(float(batch)))
+        # The draft's pass over the prefill chunk, when a plain step would
+        # skip it (zero-cost fallback); otherwise what drafting adds is the
+        # step's own cost.
+        prefill_f = (float(profile.first(base)) - float(profile.first(float(batch)))
+                     if profile.skips_draft_at_k0 else 0.0)
         plain_full = pricer.seconds(base, batch, 0)
         prefill_s = prefill_p * corr.ratio(base)
+        unseen_s = catch_up_s + prefill_f * corr.ratio(base)  # paid by drafting plans
+        owed = unseen_s / max(horizon, 1.0) if horizon is not None else 0.0
         plain = plain_full - prefill_s
         if fixed_k_step == 0 or width == 0 or batch == 0:
             return self._plain(batch, plain, prefill_s, fixed_k_step or 0)
@@ -153,7 +167,7 @@ class GoodputPolicy:
         # passes: the step less its prefill share.
         tokens = base + np.arange(vals.size + 1, dtype=np.float64)
         ratio = corr.ratios_from(int(base), tokens.size)
-        by_n = profile.verify_and_first(tokens) - prefill_p
+        by_n = profile.verify_and_first(tokens) - prefill_p - prefill_f
         passes = (js - 1) * profile.draft_pass(batch)
         # Per K_step (rows) and slot in order (columns), the plan that admits
         # the slots up to it among those at positions below K_step.
@@ -161,7 +175,7 @@ class GoodputPolicy:
         n = np.cumsum(in_j, axis=1, dtype=np.int32)
         gain = np.where(in_j, vals, 0.0).cumsum(1)
         seconds = np.maximum((by_n[n] + passes[:, None]) * ratio[n], 1e-12)
-        rate = (batch + gain) / (seconds + owed_s_per_token * (batch + gain))
+        rate = (batch + gain) / (seconds + owed * (batch + gain))
         # Without slots: plain decoding, or the pinned K_step's passes alone.
         zero_s = (max((by_n[0] + passes[0]) * ratio[0], 1e-12) if fixed_k_step is not None
                   else plain)
@@ -178,7 +192,8 @@ class GoodputPolicy:
             slots = 0
         if slots == 0:
             return Decision(k_step=j, k=np.zeros(batch, dtype=np.int64),
-                            predicted_seconds=float(zero_s + ratio[0] * prefill_p),
+                            predicted_seconds=float(zero_s + ratio[0] * prefill_p
+                                                    + (unseen_s if j > 0 else 0.0)),
                             predicted_tokens=float(batch),
                             plain_seconds=float(plain_full), plain_tokens=float(batch))
         # The first `slots` admitted slots of the sorted list, by request.
@@ -186,7 +201,8 @@ class GoodputPolicy:
         rows = np.flatnonzero(keep)[order[chosen]] // width
         k = np.bincount(rows, minlength=batch).astype(np.int64)
         return Decision(k_step=j, k=k,
-                        predicted_seconds=float(seconds[i, m] + ratio[slots] * prefill_p),
+                        predicted_seconds=float(seconds[i, m] + ratio[slots] * prefill_p
+                                                + unseen_s),
                         predicted_tokens=float(batch + gain[i, m]),
                         plain_seconds=float(plain_full), plain_tokens=float(batch))
 

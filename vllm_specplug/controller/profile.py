@@ -209,6 +209,14 @@ class StepProfile:
                            self.batch, isotonic(self.pass_s), *catchup,
                            pad_sizes=self.pad_sizes, meta=dict(self.meta))
 
+    @property
+    def skips_draft_at_k0(self) -> bool:
+        """``first`` is the draft's pass that a K_step = 0 step skips (zero-cost fallback).
+
+        Otherwise it is what drafting adds to a step that runs the draft anyway.
+        """
+        return bool(self.meta.get("zero_cost_fallback"))
+
     def with_first_pass_at_k0(self) -> "StepProfile":
         """This profile where the draft's first pass runs at K_step = 0 too (no skipping)."""
         meta = dict(self.meta, zero_cost_fallback=False)
@@ -349,5 +357,6 @@ def prior_profile(platform: str, draft_size_ratio: float | None, max_tokens: int
         passes = ratio * (1.0 + per_token * (batch - 1))
         if draft_runs_at_k0:
             target, first = target + first, np.zeros_like(tokens)
+    skips = draft_size_ratio is not None and not draft_runs_at_k0
     return StepProfile(tokens, target, first, batch, passes,
-                       meta={"source": "prior", "platform": platform})
+                       meta={"source": "prior", "platform": platform, "zero_cost_fallback": skips})
