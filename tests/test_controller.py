@@ -871,7 +871,7 @@ def owed_per_token(pricer, batch, base, catch_up, horizon):
 
 
 def best_rate_by_enumeration(survival, ceilings, base, pricer, fixed_k_step=None,
-                             catch_up=0.0, horizon=None):
+                             catch_up=0.0, horizon=None, skip=0.0):
     """The best decode rate over every (K_step, top-n slots) plan.
 
     For a K_step j the slots a plan may admit are those of positions below j
@@ -879,15 +879,17 @@ def best_rate_by_enumeration(survival, ceilings, base, pricer, fixed_k_step=None
     admits, so of each number n the most likely n are best.  Slots below
     ``GoodputPolicy.MIN_SURVIVAL`` are never worth a token's verification.
     Prices as ``plan_seconds`` plus ``owed_per_token`` for each token of a
-    drafting plan, one scalar lookup at a time.
+    drafting plan, and plain decoding plus ``skip`` spread over ``horizon``
+    for each of its tokens, one scalar lookup at a time.
     """
     batch, width = survival.shape
     owed = owed_per_token(pricer, batch, base, catch_up, horizon)
+    plain_owed = skip / max(horizon, 1.0) if horizon is not None and fixed_k_step is None else 0.0
     js = [fixed_k_step] if fixed_k_step is not None else range(width + 1)
     best = -1.0
     for j in js:
         if j == 0:
-            best = max(best, batch / plan_seconds(pricer, batch, base, 0, 0))
+            best = max(best, batch / (plan_seconds(pricer, batch, base, 0, 0) + plain_owed * batch))
             continue
         allowed = np.arange(width)[None, :] < np.minimum(ceilings, j)[:, None]
         values = np.sort(survival[allowed & (survival >= GoodputPolicy.MIN_SURVIVAL)])[::-1]
@@ -918,10 +920,12 @@ def random_case(rng):
 
 
 def random_debt(rng, batch):
-    """A pending catch-up (seconds) and the tokens left to spread it over, or none."""
+    """A pending catch-up and what a plain step adds to it (seconds), and the
+    tokens left to spread them over, or none."""
     if rng.random() < 0.5:
-        return 0.0, None
-    return float(rng.choice([0.0, rng.uniform(0.0, 2.0)])), float(rng.integers(1, 64 * batch + 2))
+        return 0.0, None, 0.0
+    return (float(rng.choice([0.0, rng.uniform(0.0, 2.0)])), float(rng.integers(1, 64 * batch + 2)),
+            float(rng.choice([0.0, rng.uniform(0.0, 1.0)])))
 
 
 def test_goodput_argmax_equals_the_enumeration_of_every_plan():
@@ -930,16 +934,19 @@ def test_goodput_argmax_equals_the_enumeration_of_every_plan():
     for _ in range(300):
         survival, ceilings, base, pricer, fixed = random_case(rng)
         batch = survival.shape[0]
-        catch_up, horizon = random_debt(rng, batch) if fixed is None else (0.0, None)
+        catch_up, horizon, skip = random_debt(rng, batch) if fixed is None else (0.0, None, 0.0)
         d = GoodputPolicy(min_gain=0.0).decide(survival, ceilings, base, pricer, fixed,
-                                               catch_up, horizon)
-        best = best_rate_by_enumeration(survival, ceilings, base, pricer, fixed, catch_up, horizon)
+                                               catch_up, horizon, skip)
+        best = best_rate_by_enumeration(survival, ceilings, base, pricer, fixed, catch_up, horizon,
+                                        skip)
         # The decision's own plan, priced independently.
         assert d.predicted_tokens == pytest.approx(
             batch + sum(survival[r, :k].sum() for r, k in enumerate(d.k.tolist())), rel=1e-12)
         seconds = plan_seconds(pricer, batch, base, d.k_step, int(d.k.sum()))
         if d.k_step:
             seconds += owed_per_token(pricer, batch, base, catch_up, horizon) * d.predicted_tokens
+        elif horizon is not None:
+            seconds += skip / max(horizon, 1.0) * batch
         rate = d.predicted_tokens / seconds
         assert rate == pytest.approx(best, rel=1e-9)
         assert (d.k <= np.minimum(ceilings, d.k_step)).all()
@@ -1108,3 +1115,35 @@ def test_a_step_that_prefills_drafts_when_drafting_pays():
         few = ctrl.plan(ids, base_tokens=batch - 1 + prompt, caps=[0] * (batch - 1) + [1])
         assert few.k_step == 0, (batch, few)
 
+
+
+def test_leaving_drafting_costs_a_catch_up_so_break_even_does_not_flap():
+    # Zero-cost fallback.  A plain step leaves the draft behind: drafting
+    # again needs a catch-up from each request's KV block start, over half a
+    # second for four requests here, which a plain step is charged (spread
+    # over the tokens left) as a drafting step is charged paying it.  Near
+    # break-even the policy keeps what it does, drafting or plain; clearly
+    # bad drafts still go plain, and good ones still resume.
+    ids = ["a", "b", "c", "d"]
+    caps = [50] * 4
+    fresh_skip = 4 * 90  # back to each block's start, if this step skipped the draft
+
+    def argmax_tokens(accepted, **kw):
+        """Expected tokens of the argmax's plan (the batch's 4: plain), no probe."""
+        ctrl = SpecController(ControllerSettings(max_k=8), qwen_cpu_profile())
+        for r in ids:
+            ctrl.add_request(r)
+        for a in accepted * 5:  # one draft a step, accepted or not
+            ctrl.observe_verifications(ids, [1] * 4, [a] * 4)
+        return ctrl.plan(ids, caps=caps, **kw).predicted_tokens
+
+    # A third of the drafts accepted: drafting and plain price within a few
+    # percent of each other at four requests.
+    near = [0, 1, 0]
+    assert argmax_tokens(near) == 4  # priced on this step alone, plain wins narrowly
+    assert argmax_tokens(near, catchup_if_plain=fresh_skip) > 4  # leaving costs a catch-up
+    # Once in fallback, coming back costs it: the same estimates stay plain.
+    assert argmax_tokens(near, catchup_tokens=fresh_skip, catchup_if_plain=fresh_skip + 4) == 4
+    assert argmax_tokens([0], catchup_if_plain=fresh_skip) == 4
+    assert argmax_tokens([1, 1, 0], catchup_tokens=fresh_skip,
+                         catchup_if_plain=fresh_skip + 4) > 4

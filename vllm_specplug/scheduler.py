@@ -396,6 +396,11 @@ class _AdaptiveSpecMixin:
             catchup = sum(catch_up_tokens(stale[rid], requests[rid].num_computed_tokens - n,
                                           sp.block_size)
                           for rid, n in scheduled.items() if rid in stale)
+        # What would be pending a step later if this one skipped the draft.
+        if_plain = (sum(catch_up_tokens(stale.get(rid, requests[rid].num_computed_tokens - n),
+                                        requests[rid].num_computed_tokens, sp.block_size)
+                        for rid, n in scheduled.items())
+                    if sp.zero_cost_fallback else None)
         # Drafts planned now are verified next step, which emits at most
         # k + 1 tokens; this step emits at least one.  More drafts than a
         # request has tokens left for cannot be used.
@@ -407,6 +412,7 @@ class _AdaptiveSpecMixin:
             fixed_k_step=vllm_k_step if sp.k_step_pinned else None,
             catchup_tokens=catchup,
             caps=caps,
+            catchup_if_plain=if_plain,
         )
         k_step = min(int(decision.k_step), sp.num_spec_tokens)
         if sp.k_step_pinned:

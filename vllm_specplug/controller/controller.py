@@ -226,6 +226,7 @@ class SpecController:
         fixed_k_step: int | None = None,
         catchup_tokens: int = 0,
         caps=None,
+        catchup_if_plain: int | None = None,
     ) -> Decision:
         """K for each of ``req_ids`` (decoding requests) in the next step.
 
@@ -237,11 +238,13 @@ class SpecController:
         most drafts it can use in this plan, ``max_tokens`` less its output
         less 2 (a request about to reach ``max_tokens`` cannot use more than
         the tokens it has left); a request capped at 0 is not in fallback.
-        With caps, the catch-up and the draft's pass over a prefill chunk
-        are spread over the tokens the batch has left (caps + 2 each) and
-        charged per token to plans that draft (``GoodputPolicy``); without
-        caps they are not charged.  Both are in the predicted seconds of a
-        plan that drafts.
+        ``catchup_if_plain``: the catch-up tokens pending after this step if
+        it drafts nothing.  With caps, the catch-up and the draft's pass over
+        a prefill chunk are spread over the tokens the batch has left (caps +
+        2 each) and charged per token to plans that draft, and what a plain
+        step adds to the catch-up is charged to plain decoding the same way
+        (``GoodputPolicy``); without caps nothing is charged.  The catch-up
+        and the pass are in the predicted seconds of a plan that drafts.
         """
         batch = len(req_ids)
         if batch == 0:
@@ -259,15 +262,19 @@ class SpecController:
         elif policy == "heuristic":
             decision = self.heuristic.decide(rows, ceilings, fixed_k_step)
         else:
-            catch_up = self.pricer.profile.catchup(catchup_tokens) if catchup_tokens else 0.0
+            profile = self.pricer.profile
+            catch_up = profile.catchup(catchup_tokens) if catchup_tokens else 0.0
+            skip = (profile.catchup(catchup_if_plain) - catch_up
+                    if catchup_if_plain and catchup_if_plain > catchup_tokens else 0.0)
             # What the draft has not seen buys drafting for the batch's tokens
             # left: caps + 2 each (the step that verifies a plan yields at
             # most caps + 1 more, this one at least one).
             horizon = (float(np.sum(caps)) + 2.0 * batch
                        if caps is not None and fixed_k_step is None else None)
-            decision = self.goodput.decide(self.estimator.survival(rows), ceilings, base,
-                                           self.pricer, fixed_k_step, catch_up, horizon)
-            self._probe(rows, ceilings, decision, base, fixed_k_step, catch_up, horizon)
+            priced = dict(base_tokens=base, pricer=self.pricer, fixed_k_step=fixed_k_step,
+                          catch_up_s=catch_up, horizon=horizon, skip_s=skip)
+            decision = self.goodput.decide(self.estimator.survival(rows), ceilings, **priced)
+            self._probe(rows, ceilings, decision, priced)
         self._account(rows, ceilings, decision)
         self.last_decision = decision
         return decision
@@ -291,14 +298,14 @@ class SpecController:
         self._probe_size[passed] = np.minimum(self._probe_size[passed] * 2,
                                               np.maximum(self._ceiling[passed], 1))
 
-    def _probe(self, rows, ceilings, decision, base, fixed_k_step, catch_up, horizon) -> None:
+    def _probe(self, rows, ceilings, decision, priced) -> None:
         """Send a small probe to requests that sat in fallback long enough.
 
         A request granted nothing while its ceiling allows drafts is in
         fallback; after ``backoff`` such steps (at once after an accepted
         probe, and on a new request's first step in fallback) it is due.  A probe goes out only when it could pay: the
         same argmax, with the due requests' drafts assumed good
-        (``PROBE_OPTIMISM`` per position) and the same pending catch-up,
+        (``PROBE_OPTIMISM`` per position) and the same catch-up charges,
         must grant them slots; the probe
         is no deeper than that plan would grant, nor than the K_step of a
         plan that drafts.  Its verdict arrives a step later; one that never
@@ -329,10 +336,10 @@ class SpecController:
         hopeful = self.estimator.survival(rows).copy()
         width = hopeful.shape[1]
         hopeful[due_idx] = self.PROBE_OPTIMISM ** np.arange(1, width + 1)
-        plan = self.goodput.decide(hopeful, ceilings, base, self.pricer, fixed_k_step,
-                                   catch_up, horizon)
+        plan = self.goodput.decide(hopeful, ceilings, **priced)
         depth = int(plan.k[due_idx].max(initial=0))
-        if decision.k_step > 0 and fixed_k_step is None:
+        pinned = priced["fixed_k_step"] is not None
+        if decision.k_step > 0 and not pinned:
             depth = min(depth, decision.k_step)
         if depth <= 0:
             return
@@ -342,7 +349,7 @@ class SpecController:
         self._probe_at[due_rows] = now
         self._waited[due_rows] = 0
         self.stats.probes_sent += int(due_idx.size)
-        if fixed_k_step is None:
+        if not pinned:
             decision.k_step = max(decision.k_step, int(probe_k.max()))
 
     def _account(self, rows: np.ndarray, ceilings: np.ndarray, decision: Decision) -> None:

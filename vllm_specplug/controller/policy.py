@@ -87,10 +87,15 @@ class GoodputPolicy:
     drafting later, that work buys drafting for the rest of the batch's
     tokens, so it is spread over them (``horizon`` tokens: ``SpecController.plan``)
     and every drafting plan is charged its share for each token it yields.
-    A step that carries a new prompt then drafts when drafting pays for the
-    batch, instead of skipping the prompt and paying for it again as a
-    catch-up a step later; resuming after a long fallback has to win its
-    catch-up back before the requests end, and the charge never rises
+    A plain step is charged in the same way what it adds to the pending
+    catch-up (the skipped tokens back to their KV block's start, which the
+    draft had seen, and any prompt it prefills).  Leaving drafting and
+    coming back thus costs a catch-up, and the argmax switches only when
+    the other side is better by at least that share: the hysteresis of
+    rent-or-buy, so estimates that wobble around break-even do not buy a
+    catch-up each time.  A step that carries a new prompt drafts when
+    drafting pays for the batch; resuming after a long fallback has to win
+    its catch-up back before the requests end, and the charge never rises
     without bound.
     """
 
@@ -112,6 +117,7 @@ class GoodputPolicy:
         fixed_k_step: int | None = None,
         catch_up_s: float = 0.0,
         horizon: float | None = None,
+        skip_s: float = 0.0,
     ) -> Decision:
         """Best plan for ``survival`` (rows non-increasing along positions).
 
@@ -121,7 +127,9 @@ class GoodputPolicy:
         argmax is over the slots only.  ``catch_up_s``: a pending catch-up,
         paid by a plan that drafts; with ``horizon`` (tokens), it and the
         draft's pass over a prefill chunk are charged per token yielded
-        instead of to this step alone (without one, neither is charged).
+        instead of to this step alone, and plain decoding is charged
+        ``skip_s``, what skipping the draft in this step adds to the pending
+        catch-up, the same way (without a horizon, nothing is charged).
         """
         batch, width = survival.shape
         profile, corr = pricer.profile, pricer.correction
@@ -137,7 +145,8 @@ class GoodputPolicy:
         plain_full = pricer.seconds(base, batch, 0)
         prefill_s = prefill_p * corr.ratio(base)
         unseen_s = catch_up_s + prefill_f * corr.ratio(base)  # paid by drafting plans
-        owed = unseen_s / max(horizon, 1.0) if horizon is not None else 0.0
+        per_token = 1.0 / max(horizon, 1.0) if horizon is not None else 0.0
+        owed = unseen_s * per_token
         plain = plain_full - prefill_s
         if fixed_k_step == 0 or width == 0 or batch == 0:
             return self._plain(batch, plain, prefill_s, fixed_k_step or 0)
@@ -177,9 +186,12 @@ class GoodputPolicy:
         seconds = np.maximum((by_n[n] + passes[:, None]) * ratio[n], 1e-12)
         rate = (batch + gain) / (seconds + owed * (batch + gain))
         # Without slots: plain decoding, or the pinned K_step's passes alone.
-        zero_s = (max((by_n[0] + passes[0]) * ratio[0], 1e-12) if fixed_k_step is not None
-                  else plain)
-        zero = float(batch / zero_s)
+        if fixed_k_step is not None:
+            zero_s = max((by_n[0] + passes[0]) * ratio[0], 1e-12)
+            zero = float(batch / zero_s)
+        else:
+            zero_s = plain
+            zero = float(batch / (plain + skip_s * per_token * batch))
         if rate.size:
             i, m = np.unravel_index(int(np.argmax(rate)), rate.shape)
             j, slots, best = int(js[i]), int(n[i, m]), float(rate[i, m])

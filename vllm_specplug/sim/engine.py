@@ -155,7 +155,8 @@ class Controller(Policy):
         # As the scheduler computes them: max_tokens less the output less 2.
         caps = np.maximum(engine.left[dec] - 2, 0)
         d = self.controller.plan(ids, base_tokens=base_tokens,
-                                 catchup_tokens=engine.catchup_pending, caps=caps)
+                                 catchup_tokens=engine.catchup_pending, caps=caps,
+                                 catchup_if_plain=engine.catchup_if_plain)
         k = np.asarray(d.k, dtype=np.int64)
         k_step = int(d.k_step)
         if len(k) and (k.max() > k_step or k_step > self.max_k or k.min() < 0):
@@ -295,6 +296,7 @@ class Engine:
         # (K_step=0 steps) and must catch up on before it drafts again.
         self.draft_gap = np.zeros(cap, dtype=np.int64)
         self.catchup_pending = 0
+        self.catchup_if_plain: int | None = None
         self._catchup_slots, self._catchup_cost = np.zeros(0, dtype=np.int64), 0.0
         self.order = np.zeros(cap, dtype=np.int64)  # admission order (FIFO prefill)
         self.arrived = np.zeros(cap)  # arrival time (open loop: before any queueing)
@@ -422,6 +424,9 @@ class Engine:
         # Told to the controller in the scheduler's unit: the tokens the
         # catch-up runs the draft over (the simulator has no blocks to round to).
         self.catchup_pending = int(self.draft_gap[scheduled].sum()) if zero_cost else 0
+        # And what would be pending after this step if it skipped the draft.
+        self.catchup_if_plain = (self.catchup_pending + len(dec) + int(chunks.sum())
+                                 + int(completing.sum())) if zero_cost else None
         # Priced on first use (the oracle, or a step that drafts): most
         # steps in fallback do neither.
         self._catchup_slots, self._catchup_cost = scheduled, None
