@@ -4,7 +4,9 @@ on made-up runs, then the whole mode end to end on the tiny models: real
 Speed is not checked here; that is what the benchmark itself is for."""
 
 import json
+import math
 import os
+import statistics
 
 import pytest
 
@@ -78,6 +80,73 @@ def test_rounds_pool_into_one_longer_run_and_keep_each_rounds_ratio():
     assert "pools 2 rounds" in md and "| 1.25, 0.50 |" in md
     with pytest.raises(SystemExit, match="--rounds: 0"):
         served.parse_args(["--served", "--rounds", "0"])
+
+
+def test_each_round_is_compared_with_the_pooled_best_arm_and_gives_an_interval():
+    def r(arm, rnd, tok_s):
+        return dict(run(arm, tok_s), round=rnd, duration=100 / tok_s, total_output_tokens=100)
+
+    rounds = [(10, 20, 19), (13, 12, 12), (10, 22, 20)]  # plain, vllm-k4, adaptive tok/s
+    runs = [r(arm, i + 1, x) for i, xs in enumerate(rounds)
+            for arm, x in zip(("plain", "vllm-k4", "adaptive"), xs)]
+    res = served_report.summarise(runs, [], {"setups": {"s": "S"}, "rounds": 3})
+    (cell,) = res["cells"]
+    assert cell["best_fixed"] == "vllm-k4"
+    # Round 2's plain was faster than its vllm-k4; the round still compares with vllm-k4,
+    # the arm the pooled cell found best, not with whichever arm was luckiest that round.
+    assert cell["rounds"] == pytest.approx([19 / 20, 12 / 12, 20 / 22])
+    logs = [math.log(x) for x in cell["rounds"]]
+    half = 2.920 * statistics.stdev(logs) / math.sqrt(3)  # t(0.95, 2 degrees of freedom)
+    mean = statistics.fmean(logs)
+    assert cell["interval"] == pytest.approx([math.exp(mean - half), math.exp(mean + half)])
+    assert served_report.ratio_interval([0.9]) is None
+    md = served_report.markdown(dict(res, meta={"setups": {"s": "S"}, "output_tokens": {"s": 4},
+                                                "dtype": {"s": "float32"}, "rounds": 3}))
+    lo, hi = cell["interval"]
+    assert "90% interval |" in md and f"| {lo:.2f}-{hi:.2f} |" in md
+
+
+def _finished_run(root, rounds, commit, arms=("plain", "adaptive")):
+    """A made-up finished served run on disk: results.json and vLLM's raw files."""
+    by_round = []
+    for rnd, speeds in enumerate(rounds, 1):
+        for arm, tok_s in zip(arms, speeds):
+            rec = dict(run(arm, tok_s), round=rnd, duration=100 / tok_s, total_output_tokens=100)
+            rec.pop("texts"), rec.pop("tpots_ms")
+            by_round.append(rec)
+            raw = served.raw_path(root, "s", arm, "humaneval/c1/c", rnd)
+            raw.parent.mkdir(parents=True, exist_ok=True)
+            raw.write_text(json.dumps(dict(itls=[[0.1, 0.1]] * 2, output_lens=[3, 3],
+                                           ttfts=[0.5, 0.5], generated_texts=["a", "b"])))
+    meta = {"setups": {"s": "S"}, "output_tokens": {"s": 4}, "dtype": {"s": "float32"},
+            "rounds": len(rounds), "command": f"run {commit}", "commit": commit,
+            "date": "2026-12-03", "wall_minutes": 1.0, "machine": "m", "vllm": "0.32.0"}
+    servers = [dict(setup="s", arm=a, round=i + 1, ready_s=1.0, kv_tokens=10, rss_ready_gib=1.0)
+               for i in range(len(rounds)) for a in arms]
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "results.json").write_text(json.dumps(dict(meta=meta, servers=servers,
+                                                       runs=by_round, runs_by_round=by_round)))
+    return root
+
+
+def test_pool_joins_the_rounds_of_finished_runs_into_one_report(tmp_path):
+    a = _finished_run(tmp_path / "a", [(10, 12), (10, 11)], "aaa")
+    b = _finished_run(tmp_path / "b", [(10, 9)], "bbb")
+    out = tmp_path / "pooled"
+    assert served.main(["--served", "--pool", str(a), str(b), "--out", str(out)]) == 0
+    res = json.loads((out / "results.json").read_text())
+    assert res["meta"]["rounds"] == 3 and res["meta"]["commit"] == "aaa, bbb"
+    assert sorted({r["round"] for r in res["runs_by_round"]}) == [1, 2, 3]
+    (cell,) = res["cells"]
+    assert cell["rounds"] == pytest.approx([1.2, 1.1, 0.9])
+    assert cell["adaptive_vs_best"] == pytest.approx(300 / (100 / 12 + 100 / 11 + 100 / 9) / 10)
+    assert "aaa, bbb" in (out / "results.md").read_text()
+    # A pooled report renders again from its sources.
+    assert served.main(["--served", "--render", str(out)]) == 0
+    # Runs of different grids do not pool.
+    c = _finished_run(tmp_path / "c", [(10, 12, 13)], "ccc", arms=("plain", "vllm-k4", "adaptive"))
+    with pytest.raises(SystemExit, match="not of one grid"):
+        served.pool([a, c], tmp_path / "bad")
 
 
 def test_tpot_per_request_counts_tokens_not_stream_chunks():

@@ -22,7 +22,9 @@ server: that repeat's spread is the cell noise the report states.
 and round, the order reversed every other round (plain ... adaptive, then
 adaptive ... plain), so that a drift of the host over the run falls on
 every arm alike; a cell's tokens/s is then its output tokens over its
-duration summed over the rounds, and the report lists each round's ratio.
+duration summed over the rounds, and the report lists each round's ratio
+and a 90% confidence interval of it.  ``--pool DIR DIR ... --out DIR``
+pools the rounds of finished runs of one grid into one report.
 Every arm's greedy texts are compared with plain decoding's (temperature 0,
 a fixed output length; a difference no static arm shares fails the run in
 float32 and is listed in bfloat16), and the memory each arm takes is recorded: the KV
@@ -495,6 +497,9 @@ def parse_args(argv):
     p.add_argument("--render", default=None, metavar="DIR",
                    help="rewrite the report of a finished run in DIR from its results.json "
                         "and raw/ files; runs nothing")
+    p.add_argument("--pool", nargs="+", default=None, metavar="DIR",
+                   help="pool the rounds of finished runs of one grid (each DIR's results.json "
+                        "and raw/ files) into one report in --out; runs nothing")
     p.add_argument("--tiny-root", default="/tmp/vllm-specplug-bench-tiny")
     p.add_argument("--data-cache", default=None, help="prompt-set cache (vllm-specplug data)")
     args = p.parse_args(argv)
@@ -528,6 +533,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.render:
         return render(Path(args.render))
+    if args.pool:
+        return pool([Path(d) for d in args.pool], Path(args.out))
     # The servers' environment; this process's is left alone.
     base_env = dict(os.environ)
     env_defaults(base_env)
@@ -636,22 +643,73 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if failing or failures else 0
 
 
+def _finished(src: Path, flag: str) -> tuple[dict, list[dict]]:
+    """A finished run's results.json, and its runs round by round with vLLM's per-request results."""
+    path = src / "results.json"
+    if not path.is_file():
+        raise SystemExit(f"{flag}: no results.json in {src}")
+    res = json.loads(path.read_text())
+    runs = []
+    for r in res.get("runs_by_round") or res["runs"]:
+        key = Cell(r["workload"], r["kind"], r["concurrency"], 0, "", False, False).key
+        raw = raw_path(src, r["setup"], r["arm"], key, r.get("round") or 1)
+        if not raw.is_file():
+            raise SystemExit(f"{flag}: {raw} is missing")
+        runs.append(dict(r, **per_request(json.loads(raw.read_text()))))
+    return res, runs
+
+
 def render(out: Path) -> int:
     """The report of a finished run, again: from its results.json and vLLM's raw results."""
     from vllm_specplug.bench import served_report
 
     path = out / "results.json"
-    if not path.is_file():
-        raise SystemExit(f"--render: no results.json in {out}")
-    res = json.loads(path.read_text())
-    runs = []
-    for r in res.get("runs_by_round") or res["runs"]:
-        key = Cell(r["workload"], r["kind"], r["concurrency"], 0, "", False, False).key
-        raw = raw_path(out, r["setup"], r["arm"], key, r.get("round") or 1)
-        if not raw.is_file():
-            raise SystemExit(f"--render: {raw} is missing")
-        runs.append(dict(r, **per_request(json.loads(raw.read_text()))))
+    sources = (json.loads(path.read_text())["meta"].get("sources")
+               if path.is_file() else None)
+    if sources:  # a pooled report: pool its sources again
+        return pool([Path(s) for s in sources], out)
+    res, runs = _finished(out, "--render")
     res = served_report.summarise(runs, res["servers"], res["meta"], res.get("failures"))
+    served_report.write(res, out)
+    print(served_report.markdown(res))
+    return 0
+
+
+def pool(sources: list[Path], out: Path) -> int:
+    """One report over the rounds of several finished runs of the same grid.
+
+    Rounds are numbered on (the second run's first round follows the first
+    run's last), so a cell pools all of them and its confidence interval
+    counts every round.  The runs must share setups, workloads, loads, arms,
+    output length and dtype; which commits they measured is theirs to say
+    (``meta["commit"]`` lists each).
+    """
+    from vllm_specplug.bench import served_report
+
+    runs, servers, failures, metas, grids = [], [], [], [], []
+    offset = 0
+    for src in sources:
+        res, rs = _finished(src, "--pool")
+        m = res["meta"]
+        grids.append((json.dumps({k: m.get(k) for k in ("setups", "output_tokens", "dtype")},
+                                 sort_keys=True),
+                      sorted({(r["setup"], r["workload"], r["kind"], r["concurrency"], r["arm"])
+                              for r in rs})))
+        runs += [dict(r, round=(r.get("round") or 1) + offset) for r in rs]
+        servers += [dict(x, round=(x.get("round") or 1) + offset) for x in res["servers"]]
+        failures += res.get("failures") or []
+        metas.append(m)
+        offset += int(m.get("rounds") or 1)
+    if any(g != grids[0] for g in grids):
+        raise SystemExit("--pool: the runs are not of one grid (setups, workloads, loads, arms, "
+                         "output tokens and dtype must match)")
+    meta = dict(metas[-1], rounds=offset, sources=[str(s) for s in sources],
+                command=" + ".join(m["command"] for m in metas),
+                commit=", ".join(dict.fromkeys(m["commit"] for m in metas)),
+                date=", ".join(m["date"] for m in metas),
+                wall_minutes=round(sum(m["wall_minutes"] for m in metas), 1))
+    res = served_report.summarise(runs, servers, meta, failures)
+    out.mkdir(parents=True, exist_ok=True)
     served_report.write(res, out)
     print(served_report.markdown(res))
     return 0

@@ -11,16 +11,24 @@ them) and ``mismatches`` (greedy texts that differ from plain decoding's).
 With several rounds (``--rounds``) a cell pools its rounds: output tokens
 over summed duration, percentiles over every request of every round,
 acceptance over the summed counters; ``cells[...]["rounds"]`` keeps each
-round's adaptive / best ratio, and texts are compared round by round.
+round's ratio of the adaptive arm to the cell's best fixed arm (chosen on
+the pooled throughput), ``cells[...]["interval"]`` a 90% confidence
+interval of that ratio from the rounds' spread, and texts are compared
+round by round.  Rounds of separate runs of one grid pool the same way
+(``python -m vllm_specplug.bench --served --pool DIR DIR ... --out DIR``).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from pathlib import Path
 
 TARGET = 0.95
+# Two-sided 90% quantiles of Student's t by degrees of freedom (1..10; the
+# normal's past that is close enough for a report).
+_T90 = (6.314, 2.920, 2.353, 2.132, 2.015, 1.943, 1.895, 1.860, 1.833, 1.812)
 STATIC = ("vllm-k2", "vllm-k4", "vllm-table")
 ORDER = ("plain", "vllm-k2", "vllm-k4", "vllm-table", "adaptive")
 
@@ -93,8 +101,13 @@ def _vs_best(tok_s: dict) -> tuple[str, float] | None:
     return best, tok_s["adaptive"] / fixed[best]
 
 
-def _round_ratios(runs) -> dict:
-    """Per (setup, workload, load): adaptive / best fixed arm, round by round."""
+def _round_ratios(runs, best: dict) -> dict:
+    """Per (setup, workload, load): adaptive / ``best[cell]`` (an arm), round by round.
+
+    The arm is the cell's best on the pooled throughput, the same in every
+    round: the best of several arms picked afresh each round would be the
+    luckiest of them, a baseline biased upwards by the noise.
+    """
     rounds: dict = {}
     for r in runs:
         if r["kind"] in ("c", "rate") and r.get("round"):
@@ -102,10 +115,26 @@ def _round_ratios(runs) -> dict:
                 r["arm"]] = r["output_throughput"]
     out: dict = {}
     for (s, w, load, rnd), arms in sorted(rounds.items()):
-        vs = _vs_best(arms)
-        if vs:
-            out.setdefault((s, w, load), []).append(vs[1])
+        arm = best.get((s, w, load))
+        if arm in arms and "adaptive" in arms and arms[arm]:
+            out.setdefault((s, w, load), []).append(arms["adaptive"] / arms[arm])
     return out
+
+
+def ratio_interval(ratios: list[float]) -> tuple[float, float] | None:
+    """A 90% confidence interval of a ratio from its rounds (Student's t on log ratios).
+
+    Rounds are the replications: each has its own servers and its own share
+    of the machine's slow and fast spells, so their spread is the
+    benchmark's noise.  None with fewer than two rounds.
+    """
+    logs = [math.log(x) for x in ratios if x and x > 0]
+    n = len(logs)
+    if n < 2:
+        return None
+    mean, sd = statistics.fmean(logs), statistics.stdev(logs)
+    half = (_T90[n - 2] if n - 1 <= len(_T90) else 1.645) * sd / math.sqrt(n)
+    return math.exp(mean - half), math.exp(mean + half)
 
 
 def _mismatches(runs) -> list[dict]:
@@ -136,7 +165,6 @@ def _mismatches(runs) -> list[dict]:
 def summarise(runs: list[dict], servers: list[dict], meta: dict,
               failures: list[dict] | None = None) -> dict:
     by_round, runs = runs, _pooled(runs)
-    per_round = _round_ratios(by_round) if len({r.get("round") for r in by_round}) > 1 else {}
     warm, cold, rep = _by(runs, "c"), _by(runs, "cold"), _by(runs, "repeat")
     warm.update(_by(runs, "rate"))
     cells = []
@@ -149,9 +177,15 @@ def summarise(runs: list[dict], servers: list[dict], meta: dict,
         vs = _vs_best({a: r["output_throughput"] for a, r in arms.items()})
         if vs:
             cell.update(best_fixed=vs[0], adaptive_vs_best=vs[1])
-        if (s, w, load) in per_round:
-            cell["rounds"] = per_round[(s, w, load)]
         cells.append(cell)
+    multi = len({r.get("round") for r in by_round}) > 1
+    if multi:
+        per_round = _round_ratios(by_round, {(c["setup"], c["workload"], c["load"]):
+                                             c["best_fixed"] for c in cells if "best_fixed" in c})
+        for c in cells:
+            ratios = per_round.get((c["setup"], c["workload"], c["load"]))
+            if ratios:
+                c.update(rounds=ratios, interval=ratio_interval(ratios))
     cold_rows = []
     for (s, w, load, a), r in sorted(cold.items()):
         warm_r = warm.get((s, w, load, a))
@@ -175,7 +209,7 @@ def summarise(runs: list[dict], servers: list[dict], meta: dict,
         return [{k: v for k, v in r.items() if k not in ("texts", "tpots_ms", "ttfts_ms")}
                 for r in rs]
 
-    extra = dict(runs_by_round=slim(by_round)) if per_round else {}
+    extra = dict(runs_by_round=slim(by_round)) if multi else {}
     return dict(meta=meta, servers=servers, runs=slim(runs), **extra, cells=cells,
                 cold=cold_rows, noise=noise,
                 misses=misses, failures=failures or [], mismatches=_mismatches(by_round),
@@ -195,23 +229,29 @@ def markdown(res: dict) -> str:
         arms = [a for a in ORDER if any(a in c["x_plain"] for c in cells)]
         rounds = m.get("rounds", 1)
         pooled = (f" Each cell pools {rounds} rounds (a fresh server per arm and round, the arm "
-                  "order reversed every other round): output tokens over summed duration; the "
-                  "last column is adaptive / best fixed arm in each round." if rounds > 1 else "")
+                  "order reversed every other round): output tokens over summed duration. The "
+                  "last columns are adaptive / the best fixed arm in each round, and a 90% "
+                  "confidence interval of that ratio from the rounds' spread (Student's t on log "
+                  "ratios): where it holds 0.95, the rounds cannot tell a met cell from a "
+                  "missed one." if rounds > 1 else "")
         lines += [f"### {title}", "",
                   f"Served with `vllm-specplug serve`, measured with `vllm bench serve` (temperature 0, "
                   f"{m['output_tokens'][s]} output tokens per request, dtype {m['dtype'][s]}). "
                   "Output tokens/s as a multiple of plain decoding's (its tok/s in its column); "
                   "warm cells (after the server's cold run)." + pooled, "",
                   "| workload | load | plain | " + " | ".join(a for a in arms if a != "plain")
-                  + " | best fixed | adaptive / best |" + (" per round |" if rounds > 1 else ""),
+                  + " | best fixed | adaptive / best |"
+                  + (" per round | 90% interval |" if rounds > 1 else ""),
                   "|---|---|---|" + "---|" * (len(arms) - 1) + "---|---|"
-                  + ("---|" if rounds > 1 else "")]
+                  + ("---|---|" if rounds > 1 else "")]
         for c in cells:
             row = [c["workload"], c["load"], _f(c["plain_tok_s"], "{:.2f} tok/s")]
             row += [_f(c["x_plain"].get(a), "{:.2f}x") for a in arms if a != "plain"]
             row += [c.get("best_fixed", "-"), _f(c.get("adaptive_vs_best"))]
             if rounds > 1:
                 row.append(", ".join(_f(x) for x in c.get("rounds", [])) or "-")
+                iv = c.get("interval")
+                row.append(f"{iv[0]:.2f}-{iv[1]:.2f}" if iv else "-")
             lines.append("| " + " | ".join(row) + " |")
         lines += ["", "| workload | load | arm | TTFT mean / p50 / p99 (ms) | TPOT mean / p50 / p99 (ms) "
                   "| acceptance | tokens per draft step |", "|---|---|---|---|---|---|---|"]
