@@ -230,10 +230,10 @@ def markdown(res: dict) -> str:
         rounds = m.get("rounds", 1)
         pooled = (f" Each cell pools {rounds} rounds (a fresh server per arm and round, the arm "
                   "order reversed every other round): output tokens over summed duration. The "
-                  "last columns are adaptive / the best fixed arm in each round, and a 90% "
-                  "confidence interval of that ratio from the rounds' spread (Student's t on log "
-                  "ratios): where it holds 0.95, the rounds cannot tell a met cell from a "
-                  "missed one." if rounds > 1 else "")
+                  "last columns are adaptive / the cell's best fixed arm (on the pooled "
+                  "throughput) in each round, and a 90% confidence interval of that ratio from "
+                  "the rounds' spread (Student's t on log ratios): where it holds 0.95, the "
+                  "rounds cannot tell a met cell from a missed one." if rounds > 1 else "")
         lines += [f"### {title}", "",
                   f"Served with `vllm-specplug serve`, measured with `vllm bench serve` (temperature 0, "
                   f"{m['output_tokens'][s]} output tokens per request, dtype {m['dtype'][s]}). "
