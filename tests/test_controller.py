@@ -405,27 +405,27 @@ def test_correction_tracks_the_median_not_the_mean():
     rng = np.random.default_rng(0)
     for _ in range(600):
         ratio = 1.3 * rng.lognormal(0.0, 0.05) * (10.0 if rng.random() < 0.2 else 1.0)
-        assert corr.observe(40, 1.0, ratio)
-    assert 1.25 <= corr.ratio(40) <= 1.4
+        assert corr.observe(40, 1, 1.0, ratio)
+    assert 1.25 <= corr.ratio(40, 1) <= 1.4
     assert corr.observations == 600
     # Other token bands keep the profile's price.
-    assert corr.ratio(8) == corr.ratio(128) == 1.0
-    assert corr.ratio(32) == corr.ratio(63) == corr.ratio(40)
+    assert corr.ratio(8, 1) == corr.ratio(128, 1) == 1.0
+    assert corr.ratio(32, 1) == corr.ratio(63, 1) == corr.ratio(40, 1)
 
 
 def test_correction_absorbs_a_steady_mismatch_within_a_few_dozen_steps():
     corr = ProfileCorrection()
     for i in range(25):
-        corr.observe(4, 2e-3, 1.5 * 2e-3)
-    assert corr.ratio(4) == pytest.approx(1.5, rel=0.02)
+        corr.observe(4, 1, 2e-3, 1.5 * 2e-3)
+    assert corr.ratio(4, 1) == pytest.approx(1.5, rel=0.02)
 
 
 @pytest.mark.parametrize("measured, bound", [(10.0, 2.0), (0.01, 0.5)])
 def test_correction_is_clipped(measured, bound):
     corr = ProfileCorrection()
     for _ in range(200):
-        corr.observe(100, 1.0, measured)
-    assert corr.ratio(100) == pytest.approx(bound)
+        corr.observe(100, 1, 1.0, measured)
+    assert corr.ratio(100, 1) == pytest.approx(bound)
 
 
 def test_correction_drops_garbage():
@@ -433,7 +433,7 @@ def test_correction_drops_garbage():
     for profiled, measured in [(1.0, float("nan")), (1.0, -1.0), (1.0, 0.0),
                                (1.0, float("inf")), (1.0, -float("inf")),
                                (0.0, 1.0), (-1.0, 1.0), (float("nan"), 1.0)]:
-        assert corr.observe(8, profiled, measured) is False
+        assert corr.observe(8, 1, profiled, measured) is False
     assert corr.observations == 0
     assert not corr._log.any()
 
@@ -441,28 +441,28 @@ def test_correction_drops_garbage():
 def test_a_single_stall_moves_the_ratio_by_at_most_one_step():
     corr = ProfileCorrection(forget=0.0)  # the step rule alone
     for _ in range(50):
-        corr.observe(16, 1.0, 1.0)
-    corr.observe(16, 1.0, 100.0)
-    assert corr.ratio(16) == pytest.approx(math.exp(corr.step))
-    corr.observe(16, 1.0, 1.0)
-    assert corr.ratio(16) == pytest.approx(1.0)
-    corr.observe(16, 1.0, 0.01)
-    assert corr.ratio(16) == pytest.approx(math.exp(-corr.step))
+        corr.observe(16, 1, 1.0, 1.0)
+    corr.observe(16, 1, 1.0, 100.0)
+    assert corr.ratio(16, 1) == pytest.approx(math.exp(corr.step))
+    corr.observe(16, 1, 1.0, 1.0)
+    assert corr.ratio(16, 1) == pytest.approx(1.0)
+    corr.observe(16, 1, 1.0, 0.01)
+    assert corr.ratio(16, 1) == pytest.approx(math.exp(-corr.step))
 
 
 def test_an_unvisited_band_is_forgotten_back_to_the_profile():
     corr = ProfileCorrection()
     for _ in range(100):
-        corr.observe(16, 1.0, 2.0)  # steps of 16-31 tokens measured 2x the profile
-    high = corr.ratio(16)
+        corr.observe(16, 1, 1.0, 2.0)  # steps of 16-31 tokens measured 2x the profile
+    high = corr.ratio(16, 1)
     assert high > 1.5
     for _ in range(600):
-        corr.observe(200, 1.0, 1.0)  # then only larger steps
-    assert 1.0 <= corr.ratio(16) < 1.0 + 0.35 * (high - 1.0)
+        corr.observe(200, 1, 1.0, 1.0)  # then only larger steps
+    assert 1.0 <= corr.ratio(16, 1) < 1.0 + 0.35 * (high - 1.0)
     # A visited band keeps its measured ratio despite the forgetting.
     for _ in range(300):
-        corr.observe(16, 1.0, 1.5)
-    assert corr.ratio(16) == pytest.approx(1.5, rel=0.08)
+        corr.observe(16, 1, 1.0, 1.5)
+    assert corr.ratio(16, 1) == pytest.approx(1.5, rel=0.08)
 
 
 def test_correction_ratios_from_matches_ratio():
@@ -470,12 +470,14 @@ def test_correction_ratios_from_matches_ratio():
     # of each count's own band.
     corr = ProfileCorrection(step=0.3)
     rng = np.random.default_rng(1)
-    for _ in range(300):
-        corr.observe(float(rng.integers(1, 1 << 14)), 1.0, float(rng.lognormal(0.0, 0.6)))
+    for _ in range(600):
+        corr.observe(float(rng.integers(1, 1 << 14)), int(rng.integers(1, 9)), 1.0,
+                     float(rng.lognormal(0.0, 0.6)))
     for _ in range(100):
         start, count = int(rng.integers(1, 9000)), int(rng.integers(1, 700))
-        got = corr.ratios_from(start, count)
-        want = [corr.ratio(t) for t in range(start, start + count)]
+        batch = int(rng.integers(1, 9))
+        got = corr.ratios_from(start, count, batch)
+        want = [corr.ratio(t, batch) for t in range(start, start + count)]
         assert got.shape == (count,) and np.allclose(got, want, rtol=1e-12)
 
 
@@ -490,12 +492,40 @@ def test_observe_step_corrects_the_profile_price_and_nothing_else():
     assert ctrl.profile.to_dict() == before
     corr = ctrl.pricer.correction
     assert corr.observations == 30
-    assert corr.ratio(5) == pytest.approx(1.2, rel=0.03)
-    # The pricer prices with it, a plain step of the band as a drafting one.
-    assert ctrl.pricer.seconds(5, 1, 4) == pytest.approx(corr.ratio(5) * profile.step(5, 1, 4))
-    assert ctrl.pricer.seconds(5, 5, 0) == pytest.approx(corr.ratio(5) * profile.step(5, 5, 0))
+    assert corr.ratio(5, 1) == pytest.approx(1.2, rel=0.03)
+    # The pricer prices with it, a plain step of the shape as a drafting one.
+    assert ctrl.pricer.seconds(5, 1, 4) == pytest.approx(corr.ratio(5, 1) * profile.step(5, 1, 4))
+    assert ctrl.pricer.seconds(5, 1, 0) == pytest.approx(corr.ratio(5, 1) * profile.step(5, 1, 0))
+    # Five requests decoding plainly are another shape: the profile's price.
+    assert ctrl.pricer.seconds(5, 5, 0) == pytest.approx(profile.step(5, 5, 0))
     # A catch-up is part of the step its profile price is compared with.
     assert ctrl.observe_step(1, 5, 4, profile.step(5, 1, 4, 64), catchup_tokens=64)
+
+
+def test_a_ratio_learnt_at_one_request_does_not_price_a_batch_of_four():
+    # One request drafting 7-8 tokens a step (9 tokens) ran at 0.6x its
+    # profile; then four requests arrive, whose steps of one draft each
+    # also carry 8-9 tokens but four times the draft's work per pass and
+    # four contexts.  A ratio shared by token count alone priced those at
+    # 0.6x too and made drafting look 60% cheaper than plain decoding at
+    # four requests, which had never been measured: the batch of four must
+    # be priced as a fresh profile prices it until its own steps are seen.
+    profile = prior_profile("cpu", 0.1, 4096, 64)
+    pricer, fresh = StepPricer(profile), StepPricer(profile)
+    for i in range(100):
+        k = 7 + i % 2
+        assert pricer.observe(1 + k, 1, k, 0.6 * profile.step(1 + k, 1, k))
+    assert pricer.seconds(9, 1, 8) == pytest.approx(0.6 * profile.step(9, 1, 8), rel=0.03)
+    policy = GoodputPolicy()
+    survival = np.cumprod(np.full((4, 4), 0.5), axis=1)
+    ceilings = np.full(4, 4)
+    want = policy.decide(survival, ceilings, 4, fresh)
+    got = policy.decide(survival, ceilings, 4, pricer)
+    assert want.k_step == 0  # drafting does not pay at four requests here
+    assert (got.k_step, got.k.tolist()) == (want.k_step, want.k.tolist())
+    assert got.predicted_seconds == pytest.approx(want.predicted_seconds)
+    for tokens in range(4, 40):
+        assert pricer.seconds(tokens, 4, 1) == pytest.approx(fresh.seconds(tokens, 4, 1))
 
 
 def test_a_mismatch_learnt_on_drafting_steps_prices_plain_steps_too():
@@ -845,12 +875,12 @@ def plan_seconds(pricer, batch, base, k_step, n):
     """
     profile, corr = pricer.profile, pricer.correction
     if k_step == 0:
-        return corr.ratio(base) * profile.step(batch, batch, 0)
+        return corr.ratio(base, batch) * profile.step(batch, batch, 0)
     tokens = base + n
     prefill = (profile.target(base) - profile.target(batch)
                + draft_prefill_pass(profile, batch, base))
     raw = profile.step(tokens, batch, k_step) - prefill
-    return corr.ratio(tokens) * raw
+    return corr.ratio(tokens, batch) * raw
 
 
 def draft_prefill_pass(profile, batch, base):
@@ -865,7 +895,7 @@ def owed_per_token(pricer, batch, base, catch_up, horizon):
     the draft's pass over the prefill chunk, spread over ``horizon`` tokens."""
     if horizon is None:
         return 0.0
-    unseen = catch_up + pricer.correction.ratio(base) * draft_prefill_pass(pricer.profile, batch,
+    unseen = catch_up + pricer.correction.ratio(base, batch) * draft_prefill_pass(pricer.profile, batch,
                                                                            base)
     return unseen / max(horizon, 1.0)
 
@@ -912,9 +942,11 @@ def random_case(rng):
     base = float(batch + (int(rng.choice([1, 16, 200, 1500])) if rng.random() < 0.4 else 0))
     profile = random_profile(rng, max_tokens=int(rng.choice([64, 512, 4096])))
     corr = ProfileCorrection(step=0.3)
-    if rng.random() < 0.7:  # live corrections: a different ratio per band
-        for _ in range(200):
-            corr.observe(float(rng.integers(1, 6000)), 1.0, float(rng.lognormal(0.0, 0.5)))
+    if rng.random() < 0.7:  # live corrections: a different ratio per shape
+        for _ in range(400):
+            seen = batch if rng.random() < 0.5 else int(rng.integers(1, 65))
+            corr.observe(float(rng.integers(1, 6000)), seen, 1.0,
+                         float(rng.lognormal(0.0, 0.5)))
     fixed = int(rng.integers(0, width + 1)) if rng.random() < 0.2 else None
     return survival, ceilings, base, StepPricer(profile, corr), fixed
 

@@ -433,7 +433,7 @@ def test_garbage_timings_do_not_destabilise_k(tiny_models, async_scheduling):
     assert kept.count(False) > 0 and kept.count(True) > kept.count(False), kept
     # The stalls moved the profile's price by a few correction steps, no more.
     corr = ctrl.pricer.correction
-    assert abs(math.log(corr.ratio(4 + 4 * CEILING))) <= 5 * corr.step
+    assert abs(math.log(corr.ratio(4 + 4 * CEILING, 4))) <= 5 * corr.step
 
 
 def test_drafts_structured_output_rejects_are_not_learnt_as_rejections(tiny_models):

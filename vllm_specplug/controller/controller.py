@@ -213,7 +213,7 @@ class SpecController:
 
     def observe_step(self, batch: int, tokens: int, k_step: int, seconds: float,
                      catchup_tokens: int = 0) -> bool:
-        """A finished step's wall time: it corrects the profile's price of its bucket."""
+        """A finished step's wall time: it corrects the profile's price of its shape."""
         if not self.settings.profile_correction:
             return False
         return self.pricer.observe(tokens, batch, k_step, seconds, catchup_tokens)

@@ -49,12 +49,12 @@ class StepPricer:
 
     def seconds(self, tokens: float, batch: int, k_step: int, catchup_tokens: float = 0.0) -> float:
         raw = self.profile.step(tokens, batch, k_step, catchup_tokens)
-        return raw * self.correction.ratio(tokens)
+        return raw * self.correction.ratio(tokens, batch)
 
     def observe(self, tokens: float, batch: int, k_step: int, seconds: float,
                 catchup_tokens: float = 0.0) -> bool:
         raw = self.profile.step(tokens, batch, k_step, catchup_tokens)
-        return self.correction.observe(tokens, raw, seconds)
+        return self.correction.observe(tokens, batch, raw, seconds)
 
 
 class GoodputPolicy:
@@ -135,7 +135,7 @@ class GoodputPolicy:
         profile, corr = pricer.profile, pricer.correction
         base = max(float(base_tokens), float(batch))
         # Every plan of this step, plain's included, is priced at the
-        # correction of the step's own size, prefill chunk and all.
+        # correction of the step's own shape, prefill chunk and all.
         prefill_p = float(profile.target(base)) - float(profile.target(float(batch)))
         # The draft's pass over the prefill chunk, when a plain step would
         # skip it (zero-cost fallback); otherwise what drafting adds is the
@@ -143,8 +143,8 @@ class GoodputPolicy:
         prefill_f = (float(profile.first(base)) - float(profile.first(float(batch)))
                      if profile.skips_draft_at_k0 else 0.0)
         plain_full = pricer.seconds(base, batch, 0)
-        prefill_s = prefill_p * corr.ratio(base)
-        unseen_s = catch_up_s + prefill_f * corr.ratio(base)  # paid by drafting plans
+        prefill_s = prefill_p * corr.ratio(base, batch)
+        unseen_s = catch_up_s + prefill_f * corr.ratio(base, batch)  # paid by drafting plans
         per_token = 1.0 / max(horizon, 1.0) if horizon is not None else 0.0
         owed = unseen_s * per_token
         plain = plain_full - prefill_s
@@ -175,7 +175,7 @@ class GoodputPolicy:
         # of slots it verifies (0..all), before the K_step-dependent draft
         # passes: the step less its prefill share.
         tokens = base + np.arange(vals.size + 1, dtype=np.float64)
-        ratio = corr.ratios_from(int(base), tokens.size)
+        ratio = corr.ratios_from(int(base), tokens.size, batch)
         by_n = profile.verify_and_first(tokens) - prefill_p - prefill_f
         passes = (js - 1) * profile.draft_pass(batch)
         # Per K_step (rows) and slot in order (columns), the plan that admits

@@ -270,65 +270,78 @@ class StepProfile:
 
 
 class ProfileCorrection:
-    """Per-band median ratio of measured to profiled step time.
+    """Per step shape, a median ratio of measured to profiled step time.
 
-    A band is the power-of-two range of a step's token count.  Drafting and
-    plain steps of a band share its ratio: what the profile's dummy steps
-    miss (longer real contexts, a busier machine, a cold shape) changes
-    both alike, while a ratio kept per kind of step is learnt only for the
-    kind the policy runs, so the other kind's price goes stale and the
-    comparison the argmax makes drifts with it.  Each kept observation
-    moves the band's log-ratio by ``step`` toward the observed one (a
-    running median), so one stall or a few cold first steps move a price by
-    a few percent at most, and a steady mismatch is absorbed within a few
-    dozen steps.  Ratios stay in [``low``, ``high``] and are forgotten
-    slowly toward 1 (``forget`` per observed step): the profile remains the
-    source of the price.
+    A shape is the power-of-two band of the step's tokens and that of its
+    requests: one request verifying four drafts and five requests decoding
+    plainly both run five tokens, but not the same draft passes nor
+    attention over the same contexts, so what the profile's dummy steps miss
+    differs.  Drafting and plain steps of a shape share its ratio (one kept
+    per kind is learnt only for the kind the policy runs, and the other
+    goes stale).  Each kept step moves the shape's log-ratio by ``step``
+    toward its own (a running median): a stall or a few cold first steps
+    move a price by a few percent at most, a steady mismatch is absorbed
+    within a few dozen steps.  Ratios stay in [``low``, ``high``] and are
+    forgotten toward 1 (``forget`` per observed step): the profile remains
+    the source of the price.
     """
 
-    BANDS = 24
+    BANDS = 24        # token bands
+    BATCH_BANDS = 12  # request bands
 
     def __init__(self, step: float = 0.02, low: float = 0.5, high: float = 2.0,
                  forget: float = 0.002) -> None:
         self.step = step
-        # Every observed step pulls every band's log-ratio toward the
-        # profile's (0) by this share: a band no step visits any more
+        # Every observed step pulls every shape's log-ratio toward the
+        # profile's (0) by this share: a shape no step visits any more
         # drifts back to the measured profile instead of keeping an old price.
         self.keep = 1.0 - forget
         self.low, self.high = math.log(low), math.log(high)
-        self._log = np.zeros(self.BANDS)
+        self._log = np.zeros((self.BATCH_BANDS, self.BANDS))
         self.observations = 0
 
-    @classmethod
-    def band(cls, tokens: float) -> int:
-        return min(max(int(math.log2(max(tokens, 1.0))), 0), cls.BANDS - 1)
+    @staticmethod
+    def _band(n: float, bands: int) -> int:
+        return min(max(int(math.log2(max(n, 1.0))), 0), bands - 1)
 
-    def ratio(self, tokens: float) -> float:
-        return math.exp(float(self._log[self.band(tokens)]))
+    def _at(self, tokens: float, batch: int) -> tuple[int, int]:
+        return self._band(batch, self.BATCH_BANDS), self._band(tokens, self.BANDS)
 
-    def ratios_from(self, start: int, count: int) -> np.ndarray:
-        """Ratios for steps of ``start``, ``start + 1``, ... ``start + count - 1`` tokens."""
-        lo, hi = self.band(start), self.band(start + count - 1)
+    def ratio(self, tokens: float, batch: int) -> float:
+        return math.exp(float(self._log[self._at(tokens, batch)]))
+
+    def ratios_from(self, start: int, count: int, batch: int) -> np.ndarray:
+        """Ratios for steps of ``batch`` requests and ``start``, ``start + 1``,
+        ... ``start + count - 1`` tokens."""
+        row = self._log[self._band(batch, self.BATCH_BANDS)]
+        lo, hi = self._band(start, self.BANDS), self._band(start + count - 1, self.BANDS)
         if lo == hi:
-            return np.full(count, math.exp(self._log[lo]))
+            return np.full(count, math.exp(row[lo]))
         # Band b holds [2^b, 2^(b+1)); the last band holds everything past it.
         edges = [start] + [1 << b for b in range(lo + 1, hi + 1)] + [start + count]
         lengths = [e1 - e0 for e0, e1 in zip(edges, edges[1:])]
-        return np.repeat(np.exp(self._log[lo:hi + 1]), lengths)
+        return np.repeat(np.exp(row[lo:hi + 1]), lengths)
 
-    def observe(self, tokens: float, profiled: float, measured: float) -> bool:
+    def observe(self, tokens: float, batch: int, profiled: float, measured: float) -> bool:
         """Fold in one step; returns whether it was kept (garbage timings are not)."""
         if not (profiled > 0 and math.isfinite(measured) and measured > 0):
             return False
-        col = self.band(tokens)
+        at = self._at(tokens, batch)
         self._log *= self.keep
         seen = math.log(measured / profiled)
-        cur = self._log[col]
+        cur = self._log[at]
         if seen != cur:
             cur += self.step if seen > cur else -self.step
-        self._log[col] = min(max(cur, self.low), self.high)
+        self._log[at] = min(max(cur, self.low), self.high)
         self.observations += 1
         return True
+
+    def learnt(self) -> dict[str, float]:
+        """The shapes steps have moved, as ``"<tokens>x<batch>"`` (each band's
+        first value) -> ratio."""
+        rows, cols = np.nonzero(self._log)
+        return {f"{1 << int(c)}x{1 << int(r)}": round(float(np.exp(self._log[r, c])), 3)
+                for r, c in zip(rows, cols)}
 
 
 def prior_profile(platform: str, draft_size_ratio: float | None, max_tokens: int,

@@ -610,10 +610,10 @@ def _result(spec: CellSpec, engine: Engine) -> dict:
             "probes_sent": st.probes_sent, "probes_succeeded": st.probes_succeeded,
             "recoveries": st.recoveries,
             "invariant_violations": engine.policy.violations,
-            # The profile's correction in the bands the steps used: band's
-            # first token count -> ratio of measured to profiled time.
-            "correction": {str(1 << b): round(float(np.exp(corr._log[b])), 3)
-                           for b in range(corr.BANDS) if corr._log[b] != 0.0},
+            # The profile's correction in the step shapes the steps used:
+            # "<tokens>x<requests>" (each band's first value) -> ratio of
+            # measured to profiled time.
+            "correction": corr.learnt(),
         }
     out["clock"] = {"cold_steps": engine.timer.cold_steps_run, "stalls": engine.timer.stalls}
     return out
