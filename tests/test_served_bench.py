@@ -173,6 +173,13 @@ def test_server_commands_run_vllm_as_users_do():
     argv, _ = served.server_command(setup, "adaptive", "/t", "/d", 8000, 4, "/x/trace.jsonl")
     assert json.loads(argv[argv.index("--additional-config") + 1])["specplug"]["trace_path"] == (
         "/x/trace.jsonl")
+    # The plugin's own path at vLLM's K=2: the plugin loaded, its static policy.
+    argv, env = served.server_command(setup, "plugin-k2", "/t", "/d", 8000, 4)
+    spec = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert spec["num_speculative_tokens"] == 2 and env == {}
+    assert argv[argv.index("--scheduler-cls") + 1] == "vllm_specplug.AdaptiveSpecScheduler"
+    assert json.loads(argv[argv.index("--additional-config") + 1])["specplug"] == {
+        "policy": "static", "static_k": 2}
     argv, _ = served.server_command(setup, "plain", "/t", "/d", 8000, 4)
     assert "--speculative-config" not in argv
     with pytest.raises(SystemExit, match="plain is required"):

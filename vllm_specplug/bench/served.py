@@ -12,6 +12,8 @@ concurrency and at one Poisson request rate.  Arms:
 - ``vllm-k2``, ``vllm-k4``: vLLM's own static K with vLLM's scheduler, the
   plugin not loaded (``VLLM_PLUGINS``): what a user would run instead;
 - ``vllm-table``: vLLM's batch-size table (``num_speculative_tokens_per_batch_size``);
+- ``plugin-k2``: the plugin loaded, its scheduler and patches on, at vLLM's K=2
+  (``policy: static``): what the plugin's own path costs, apart from its policy;
 - ``adaptive``: the plugin's adaptive policy with the shipped ceiling.
 
 The first run after a server is up is its cold run (other prompts than the
@@ -235,7 +237,7 @@ def server_command(setup: ServedSetup, arm: str, target: str, draft: str | None,
         argv += ["--dtype", setup.dtype]
     env = {}
     if arm != "plain":
-        k = {"vllm-k2": 2, "vllm-k4": 4}.get(arm, setup.ceiling)
+        k = {"vllm-k2": 2, "vllm-k4": 4, "plugin-k2": 2}.get(arm, setup.ceiling)
         spec = {"method": setup.method, "num_speculative_tokens": k, **setup.spec_extra}
         if draft:
             spec["model"] = draft
@@ -243,8 +245,9 @@ def server_command(setup: ServedSetup, arm: str, target: str, draft: str | None,
             spec["num_speculative_tokens_per_batch_size"] = [
                 [lo, hi, min(kk, setup.ceiling)] for lo, hi, kk in VLLM_TABLE]
         argv += ["--speculative-config", json.dumps(spec)]
-    if arm == "adaptive":
-        specplug = {"policy": "goodput"}
+    if arm in ("adaptive", "plugin-k2"):
+        specplug = ({"policy": "goodput"} if arm == "adaptive"
+                    else {"policy": "static", "static_k": 2})
         if trace_path:
             specplug["trace_path"] = trace_path
         argv += ["--scheduler-cls", "vllm_specplug.AdaptiveSpecScheduler",

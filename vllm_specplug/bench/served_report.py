@@ -30,7 +30,7 @@ TARGET = 0.95
 # normal's past that is close enough for a report).
 _T90 = (6.314, 2.920, 2.353, 2.132, 2.015, 1.943, 1.895, 1.860, 1.833, 1.812)
 STATIC = ("vllm-k2", "vllm-k4", "vllm-table")
-ORDER = ("plain", "vllm-k2", "vllm-k4", "vllm-table", "adaptive")
+ORDER = ("plain", "vllm-k2", "vllm-k4", "vllm-table", "plugin-k2", "adaptive")
 
 
 def _load(r) -> str:
