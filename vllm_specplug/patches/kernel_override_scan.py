@@ -8,11 +8,10 @@ Why it exists
     imported, ``llvmlite.binding.ffi.lib`` is such a value, but its
     ``__dict__`` is forwarded to the C library and comes back as a function
     wrapper, so ``.get`` raises ``AttributeError`` and the engine fails to
-    start.  The plugin's controller compiles its per-step loops with numba
-    (``vllm_specplug.controller.compiled``), so the *second* engine started
-    in a process (a test session, a notebook, the benchmark's plain engine
-    after its speculative one) would die.  vLLM's own n-gram proposer
-    imports numba too, and hits the same wall without this patch.
+    start.  vLLM's own n-gram proposer imports numba, so once an ``ngram``
+    engine has run in a process, the *next* engine started in it (a test
+    session, a notebook, the benchmark's plain engine after its speculative
+    one) would die.
 
 What it changes
     ``vllm.triton_utils.dispatcher._rebind_kernels`` is wrapped: for the
