@@ -247,7 +247,7 @@ def server_command(setup: ServedSetup, arm: str, target: str, draft: str | None,
         argv += ["--speculative-config", json.dumps(spec)]
     if arm in ("adaptive", "plugin-k2"):
         specplug = ({"policy": "goodput"} if arm == "adaptive"
-                    else {"policy": "static", "static_k": 2})
+                    else {"policy": "static", "static_k": k})
         if trace_path:
             specplug["trace_path"] = trace_path
         argv += ["--scheduler-cls", "vllm_specplug.AdaptiveSpecScheduler",
