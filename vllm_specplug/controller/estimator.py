@@ -128,9 +128,6 @@ class AcceptanceEstimator:
         """Rows allocated; every row index handed out is below this."""
         return self._counts.shape[0]
 
-    def __contains__(self, req_id: str) -> bool:
-        return req_id in self._rows
-
     def __len__(self) -> int:
         return len(self._rows)
 
@@ -164,11 +161,9 @@ class AcceptanceEstimator:
 
         ``rows`` must be distinct (one verification per request per step).
         Rows that drafted nothing are left untouched: no trial, no forgetting.
-        A request's first verification, the drafts that open its response,
-        is not counted: replayed over the recorded served traces
-        (benchmarks/estimator_replay.py), it accepted 0.62 on code against
-        0.95 after it, and 0.90 on chat against 0.79, so counting it set a
-        request's next ten or so estimates off the other way.
+        A request's first verification, the drafts that open its response, is
+        not counted: in the recorded served traces it accepted 0.62 on code
+        against 0.95 after it, 0.90 on chat against 0.79 (benchmarks/README.md).
         """
         keep = drafted > 0
         opening = keep & ~self._opened[rows]
@@ -345,8 +340,3 @@ class AcceptanceEstimator:
         """``S[r, j]``: probability that drafts ``1..j+1`` are all accepted."""
         return self._surv[rows]
 
-    def expected_accepted(self, req_id: str, slots: int) -> float:
-        if slots <= 0:
-            return 0.0
-        s = self.survival(np.array([self._rows[req_id]]))[0]
-        return float(s[:slots].sum())
