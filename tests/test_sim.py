@@ -252,10 +252,10 @@ def test_vllm_batch_table_semantics():
 POLICIES = ("plain", "static-1", "static-2", "static-4", "static-8", "goodput", "oracle")
 CONCURRENCY = (1, 64)
 # At c=64 half a generation is too short a window: which requests it holds
-# moved goodput over the best fixed choice by 0.05-0.2 (sd) between seeds,
+# moved goodput over the best fixed choice by 0.04-0.2 (sd) between seeds,
 # and a mean of six by +-0.03, so any change to the controller flipped cells
-# at random.  Two generations cut that to 0.013-0.03 (12 seeds, every cell
-# measured, 2026-12-03) for 2.3x the time; the floors hold the mean of six.
+# at random.  Two generations cut that to 0.013-0.03 (12 seeds of five of
+# the noisiest cells) for 2.3x the time; the floors hold the mean of six.
 SEEDS = tuple(range(6))
 WINDOW = {1: FAST, 64: dict(warmup=0.5, measure=2.0)}
 
