@@ -272,18 +272,26 @@ class StepProfile:
 class ProfileCorrection:
     """Per step shape, a median ratio of measured to profiled step time.
 
-    A shape is the power-of-two band of the step's tokens and that of its
-    requests: one request verifying four drafts and five requests decoding
-    plainly both run five tokens, but not the same draft passes nor
-    attention over the same contexts, so what the profile's dummy steps miss
-    differs.  Drafting and plain steps of a shape share its ratio (one kept
-    per kind is learnt only for the kind the policy runs, and the other
-    goes stale).  Each kept step moves the shape's log-ratio by ``step``
-    toward its own (a running median): a stall or a few cold first steps
-    move a price by a few percent at most, a steady mismatch is absorbed
-    within a few dozen steps.  Ratios stay in [``low``, ``high``] and are
-    forgotten toward 1 (``forget`` per observed step): the profile remains
-    the source of the price.
+    The ratio is a level common to every shape times the shape's own
+    residual.  The level carries what is off for all steps alike (a host
+    faster or slower than when the profile was cached, real contexts longer
+    than the profile's dummy ones), so a shape no step has visited is priced
+    at it, not at the raw profile: otherwise the shapes the policy runs are
+    corrected and the ones it does not run keep the old price, and plans
+    in different shapes are compared at different prices.  A shape is the
+    power-of-two band of the step's tokens and that of its requests: one
+    request verifying four drafts and five requests decoding plainly both
+    run five tokens, but not the same draft passes nor attention over the
+    same contexts, so what the profile's dummy steps miss differs.  Drafting
+    and plain steps of a shape share its ratio (one kept per kind is learnt
+    only for the kind the policy runs, and the other goes stale).  Each kept
+    step moves the level and its shape's ratio toward its own log-ratio by
+    ``step`` (running medians of all steps and of the shape's): a stall or a
+    few cold first steps move a price by a few percent at most, a steady
+    mismatch is absorbed within a few dozen steps.  Ratios stay in [``low``,
+    ``high``] and are forgotten toward the level, and the level toward 1
+    (``forget`` per observed step): the profile remains the source of the
+    price.
     """
 
     BANDS = 24        # token bands
@@ -292,12 +300,14 @@ class ProfileCorrection:
     def __init__(self, step: float = 0.02, low: float = 0.5, high: float = 2.0,
                  forget: float = 0.002) -> None:
         self.step = step
-        # Every observed step pulls every shape's log-ratio toward the
-        # profile's (0) by this share: a shape no step visits any more
-        # drifts back to the measured profile instead of keeping an old price.
+        # Every observed step pulls every shape's residual toward the level,
+        # and the level toward the profile's (0), by this share: a shape no
+        # step visits any more drifts back to the level instead of keeping
+        # an old price.
         self.keep = 1.0 - forget
         self.low, self.high = math.log(low), math.log(high)
-        self._log = np.zeros((self.BATCH_BANDS, self.BANDS))
+        self._level = 0.0
+        self._log = np.zeros((self.BATCH_BANDS, self.BANDS))  # residuals
         self.observations = 0
 
     @staticmethod
@@ -308,12 +318,14 @@ class ProfileCorrection:
         return self._band(batch, self.BATCH_BANDS), self._band(tokens, self.BANDS)
 
     def ratio(self, tokens: float, batch: int) -> float:
-        return math.exp(float(self._log[self._at(tokens, batch)]))
+        return math.exp(min(max(self._level + self._log[self._at(tokens, batch)], self.low),
+                            self.high))
 
     def ratios_from(self, start: int, count: int, batch: int) -> np.ndarray:
         """Ratios for steps of ``batch`` requests and ``start``, ``start + 1``,
         ... ``start + count - 1`` tokens."""
-        row = self._log[self._band(batch, self.BATCH_BANDS)]
+        row = np.clip(self._level + self._log[self._band(batch, self.BATCH_BANDS)], self.low,
+                      self.high)
         lo, hi = self._band(start, self.BANDS), self._band(start + count - 1, self.BANDS)
         if lo == hi:
             return np.full(count, math.exp(row[lo]))
@@ -329,19 +341,26 @@ class ProfileCorrection:
         at = self._at(tokens, batch)
         self._log *= self.keep
         seen = math.log(measured / profiled)
-        cur = self._log[at]
-        if seen != cur:
-            cur += self.step if seen > cur else -self.step
-        self._log[at] = min(max(cur, self.low), self.high)
+        # The shape's own price moves one step whatever the level does.
+        total = self._toward(self._level + self._log[at], seen)
+        self._level = self._toward(self._level * self.keep, seen)
+        self._log[at] = total - self._level
         self.observations += 1
         return True
 
+    def _toward(self, cur: float, seen: float) -> float:
+        # At most one step, and no further than ``seen``: a steady ratio is
+        # met, not circled.
+        cur += min(max(seen - cur, -self.step), self.step)
+        return min(max(cur, self.low), self.high)
+
     def learnt(self) -> dict[str, float]:
-        """The shapes steps have moved, as ``"<tokens>x<batch>"`` (each band's
-        first value) -> ratio."""
+        """The level (``"common"``) and the shapes steps have moved, as
+        ``"<tokens>x<batch>"`` (each band's first value) -> ratio."""
         rows, cols = np.nonzero(self._log)
-        return {f"{1 << int(c)}x{1 << int(r)}": round(float(np.exp(self._log[r, c])), 3)
-                for r, c in zip(rows, cols)}
+        return {"common": round(math.exp(self._level), 3)} | {
+            f"{1 << int(c)}x{1 << int(r)}": round(self.ratio(1 << int(c), 1 << int(r)), 3)
+            for r, c in zip(rows, cols)}
 
 
 def prior_profile(platform: str, draft_size_ratio: float | None, max_tokens: int,
