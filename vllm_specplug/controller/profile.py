@@ -272,26 +272,21 @@ class StepProfile:
 class ProfileCorrection:
     """Per step shape, a median ratio of measured to profiled step time.
 
-    The ratio is a level common to every shape times the shape's own
-    residual.  The level carries what is off for all steps alike (a host
-    faster or slower than when the profile was cached, real contexts longer
-    than the profile's dummy ones), so a shape no step has visited is priced
-    at it, not at the raw profile: otherwise the shapes the policy runs are
-    corrected and the ones it does not run keep the old price, and plans
-    in different shapes are compared at different prices.  A shape is the
-    power-of-two band of the step's tokens and that of its requests: one
-    request verifying four drafts and five requests decoding plainly both
-    run five tokens, but not the same draft passes nor attention over the
-    same contexts, so what the profile's dummy steps miss differs.  Drafting
-    and plain steps of a shape share its ratio (one kept per kind is learnt
-    only for the kind the policy runs, and the other goes stale).  Each kept
-    step moves the level and its shape's ratio toward its own log-ratio by
-    ``step`` (running medians of all steps and of the shape's): a stall or a
+    A shape is the power-of-two band of the step's tokens and that of its
+    requests: one request verifying four drafts and five requests decoding
+    plainly both run five tokens, but not the same draft passes nor
+    attention over the same contexts.  Its ratio is a level common to all
+    shapes (a host faster than when the profile was cached, contexts longer
+    than the profile's) times its own residual, so a shape the policy has not
+    run is priced at the level, as the shapes it runs are, and plans in
+    different shapes compare at one price.  Drafting and plain steps of a
+    shape share its ratio.  Each kept step moves the level and its shape's
+    ratio toward its own by at most ``step`` (running medians): a stall or a
     few cold first steps move a price by a few percent at most, a steady
-    mismatch is absorbed within a few dozen steps.  Ratios stay in [``low``,
-    ``high``] and are forgotten toward the level, and the level toward 1
-    (``forget`` per observed step): the profile remains the source of the
-    price.
+    mismatch is absorbed within a few dozen steps.  Ratios stay in
+    [``low``, ``high``], residuals are forgotten toward the level and the
+    level toward 1 (``forget`` per observed step): the profile remains the
+    source of the price.
     """
 
     BANDS = 24        # token bands
@@ -300,10 +295,8 @@ class ProfileCorrection:
     def __init__(self, step: float = 0.02, low: float = 0.5, high: float = 2.0,
                  forget: float = 0.002) -> None:
         self.step = step
-        # Every observed step pulls every shape's residual toward the level,
-        # and the level toward the profile's (0), by this share: a shape no
-        # step visits any more drifts back to the level instead of keeping
-        # an old price.
+        # A shape no step visits any more drifts back to the level, instead
+        # of keeping an old price.
         self.keep = 1.0 - forget
         self.low, self.high = math.log(low), math.log(high)
         self._level = 0.0
@@ -349,9 +342,7 @@ class ProfileCorrection:
         return True
 
     def _toward(self, cur: float, seen: float) -> float:
-        # At most one step, and no further than ``seen``: a steady ratio is
-        # met, not circled.
-        cur += min(max(seen - cur, -self.step), self.step)
+        cur += min(max(seen - cur, -self.step), self.step)  # met, not circled
         return min(max(cur, self.low), self.high)
 
     def learnt(self) -> dict[str, float]:

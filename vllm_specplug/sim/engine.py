@@ -610,9 +610,9 @@ def _result(spec: CellSpec, engine: Engine) -> dict:
             "probes_sent": st.probes_sent, "probes_succeeded": st.probes_succeeded,
             "recoveries": st.recoveries,
             "invariant_violations": engine.policy.violations,
-            # The profile's correction in the step shapes the steps used:
-            # "<tokens>x<requests>" (each band's first value) -> ratio of
-            # measured to profiled time.
+            # The profile's correction: its common level ("common") and the
+            # step shapes the steps used, "<tokens>x<requests>" (each band's
+            # first value) -> ratio of measured to profiled time.
             "correction": corr.learnt(),
         }
     out["clock"] = {"cold_steps": engine.timer.cold_steps_run, "stalls": engine.timer.stalls}
