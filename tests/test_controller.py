@@ -320,15 +320,13 @@ def random_profile(rng, max_tokens=2048, max_batch=128):
 @pytest.mark.parametrize("seed", range(3))
 def test_profile_scalar_and_array_prices_agree(seed):
     # The policy prices plain steps with the scalar lookups and drafting
-    # steps with the array ones: the two must be the same curve, single-size
+    # steps with the array one: the two must be the same curve, single-size
     # profiles and captured sizes included.
     rng = np.random.default_rng(seed)
     for _ in range(60):
         p = random_profile(rng)
         x = np.concatenate([rng.integers(1, 5000, 40), p.tokens, p.tokens + 1]).astype(float)
         tf = [p.target(v) + p.first(v) for v in x.tolist()]
-        assert np.allclose(p.target(x), [p.target(v) for v in x.tolist()], rtol=1e-12)
-        assert np.allclose(p.first(x), [p.first(v) for v in x.tolist()], rtol=1e-12)
         assert np.allclose(p.verify_and_first(x), tf, rtol=1e-12)
     single = StepProfile([8], [1.0], [0.5], [4], [0.1])
     assert single.target(16.0) == pytest.approx(2.0)  # proportional past the one size

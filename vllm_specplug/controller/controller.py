@@ -303,13 +303,13 @@ class SpecController:
 
         A request granted nothing while its ceiling allows drafts is in
         fallback; after ``backoff`` such steps (at once after an accepted
-        probe, and on a new request's first step in fallback) it is due.  A probe goes out only when it could pay: the
-        same argmax, with the due requests' drafts assumed good
-        (``PROBE_OPTIMISM`` per position) and the same catch-up charges,
-        must grant them slots; the probe
-        is no deeper than that plan would grant, nor than the K_step of a
-        plan that drafts.  Its verdict arrives a step later; one that never
-        comes (``PROBE_TIMEOUT`` plans) counts as a failure.
+        probe, and on a new request's first step in fallback) it is due.  A
+        probe goes out only when it could pay: the same argmax, with the due
+        requests' drafts assumed good (``PROBE_OPTIMISM`` per position) and
+        the same catch-up charges, must grant them slots; the probe is no
+        deeper than that plan would grant, nor than the K_step of a plan
+        that drafts.  Its verdict arrives a step later; one that never comes
+        (``PROBE_TIMEOUT`` plans) counts as a failure.
         """
         k = decision.k
         now = self.stats.steps

@@ -136,11 +136,11 @@ class GoodputPolicy:
         base = max(float(base_tokens), float(batch))
         # Every plan of this step, plain's included, is priced at the
         # correction of the step's own shape, prefill chunk and all.
-        prefill_p = float(profile.target(base)) - float(profile.target(float(batch)))
+        prefill_p = profile.target(base) - profile.target(batch)
         # The draft's pass over the prefill chunk, when a plain step would
         # skip it (zero-cost fallback); otherwise what drafting adds is the
         # step's own cost.
-        prefill_f = (float(profile.first(base)) - float(profile.first(float(batch)))
+        prefill_f = (profile.first(base) - profile.first(batch)
                      if profile.skips_draft_at_k0 else 0.0)
         plain_full = pricer.seconds(base, batch, 0)
         prefill_s = prefill_p * corr.ratio(base, batch)

@@ -68,12 +68,9 @@ def _interp_many(x: np.ndarray, xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
     y = np.interp(x, xs, ys)
     if xs.size == 1:
         return np.where(x > xs[0], ys[0] * x / max(xs[0], 1.0), y)
-    if xs.size > 1:
-        slope = max((ys[-1] - ys[-2]) / (xs[-1] - xs[-2]), 0.0)
-        past = x > xs[-1]
-        if past.any():
-            y = np.where(past, ys[-1] + slope * (x - xs[-1]), y)
-    return y
+    slope = max((ys[-1] - ys[-2]) / (xs[-1] - xs[-2]), 0.0)
+    past = x > xs[-1]
+    return np.where(past, ys[-1] + slope * (x - xs[-1]), y) if past.any() else y
 
 
 def isotonic(ys) -> np.ndarray:
@@ -148,23 +145,17 @@ class StepProfile:
             return x  # past the largest captured size vLLM runs eagerly, unpadded
         return pads[bisect.bisect_left(pads, x)]
 
-    def target(self, tokens):
-        if np.ndim(tokens):
-            return _interp_many(self._pad(np.asarray(tokens, dtype=np.float64)), self.tokens,
-                                self.target_s)
-        xs, ts = self._lists[0], self._lists[1]
-        return _interp(self._pad1(float(tokens)), xs, ts)
+    def target(self, tokens: float) -> float:
+        return _interp(self._pad1(float(tokens)), self._lists[0], self._lists[1])
 
-    def first(self, tokens):
-        if np.ndim(tokens):
-            t = self._pad(np.asarray(tokens, dtype=np.float64))
-            return np.where(t > 0, _interp_many(t, self.tokens, self.first_s), 0.0)
+    def first(self, tokens: float) -> float:
         if tokens <= 0:
             return 0.0
         return _interp(self._pad1(float(tokens)), self._lists[0], self._lists[2])
 
     def verify_and_first(self, tokens: np.ndarray) -> np.ndarray:
-        """``target + first`` at each of ``tokens``: a drafting step before its further passes."""
+        """``target + first`` at each of ``tokens`` (an array): a drafting step before its
+        further passes."""
         # Each curve on its own: past the last size each keeps its own
         # (non-negative) slope, as target() and first() do.
         t = self._pad(np.asarray(tokens, dtype=np.float64))
@@ -179,7 +170,7 @@ class StepProfile:
         if tokens <= 0:
             return 0.0
         if self.catchup_tokens is None:
-            return float(self.first(float(tokens)))
+            return self.first(tokens)
         xs, ys = self._catchup
         if len(xs) == 1:
             return ys[0] * tokens / max(xs[0], 1.0)
@@ -189,10 +180,10 @@ class StepProfile:
         """What drafting ``k_step`` positions adds to a step of ``tokens``."""
         if k_step <= 0:
             return 0.0
-        return float(self.first(float(tokens))) + (k_step - 1) * self.draft_pass(batch)
+        return self.first(tokens) + (k_step - 1) * self.draft_pass(batch)
 
     def step(self, tokens: float, batch: float, k_step: int, catchup_tokens: float = 0.0) -> float:
-        return (float(self.target(float(tokens))) + self.draft(tokens, batch, k_step)
+        return (self.target(tokens) + self.draft(tokens, batch, k_step)
                 + self.catchup(catchup_tokens))
 
     def monotone(self) -> "StepProfile":
