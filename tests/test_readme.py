@@ -73,11 +73,13 @@ def test_readme_command(cmd, tmp_path):
     rest = argv[1:]
     from vllm_specplug.models import MODELS
 
-    if rest[:2] in (["models", "list"], ["data", "list"]) or (
-            rest[:2] == ["models", "path"] and rest[2] in MODELS):
+    if rest[:2] in (["models", "list"], ["data", "list"]):
         r = subprocess.run(exe + rest, capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stderr
         assert r.stdout.strip(), cmd
+        return
+    if rest[:2] == ["models", "path"] and rest[2] in MODELS:
+        _check_models_path(exe + rest, rest[2], tmp_path)
         return
     # Long commands: the program and its subcommand take --help.
     if exe[0] == sys.executable:
@@ -95,3 +97,23 @@ def test_readme_command(cmd, tmp_path):
 
 
 _HELP: dict[tuple, subprocess.CompletedProcess] = {}
+
+
+def _check_models_path(argv: list[str], key: str, cache) -> None:
+    """``models path KEY`` in a private cache: before the fetch, exit 1 naming the
+    fetch command; once the model is there, its folder.  Whatever this machine's
+    own cache holds, both answers are checked."""
+    import os
+
+    from vllm_specplug.models import model_path
+
+    env = {**os.environ, "VLLM_SPECPLUG_CACHE": str(cache)}
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert f"fetch {key}" in r.stderr, r.stderr
+    folder = model_path(key, cache)
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{}")  # the file a finished fetch leaves
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == str(folder), r.stdout
