@@ -26,10 +26,6 @@ setup(
     },
     entry_points={
         "vllm.general_plugins": ["specplug = vllm_specplug.plugin:register"],
-        "vllm.logits_processors": [
-            "specplug_request_validation = "
-            "vllm_specplug.request_validation:SpecPlugRequestValidator"
-        ],
         "console_scripts": ["vllm-specplug = vllm_specplug.cli:main"],
     },
 )

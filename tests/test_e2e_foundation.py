@@ -23,13 +23,24 @@ NGRAM_PROMPTS = [easy_prompt(i) for i in range(4)] + [hard_prompt(i) for i in ra
 
 
 def test_entry_points_are_installed():
-    groups = {
-        "vllm.general_plugins": "vllm_specplug.plugin:register",
-        "vllm.logits_processors": "vllm_specplug.request_validation:SpecPlugRequestValidator",
-    }
-    for group, value in groups.items():
-        eps = importlib.metadata.entry_points(group=group)
-        assert value in {ep.value for ep in eps}, group
+    eps = importlib.metadata.entry_points(group="vllm.general_plugins")
+    assert "vllm_specplug.plugin:register" in {ep.value for ep in eps}
+
+
+def test_the_v2_model_runner_loads_with_the_plugin_installed():
+    """vLLM's V2 runner (its GPU default) refuses any installed logits-processor
+    plugin of the V1 interface, in the front end and in the worker; the plugin
+    registers none, so vLLM's own loader accepts this environment."""
+    from vllm.v1.worker.gpu.sample.logits_processor import loader
+
+    ours = [ep for ep in importlib.metadata.entry_points(group=loader.LOGITSPROCS_GROUP)
+            if ep.value.startswith("vllm_specplug")]
+    assert ours == []
+    assert loader._load_v2_logitsprocs_plugins() == []
+    validate = loader.build_custom_logits_processors_params_validator(())
+    from vllm import SamplingParams
+
+    validate(SamplingParams(max_tokens=4))
 
 
 def test_register_is_idempotent(tmp_path, monkeypatch):

