@@ -583,3 +583,56 @@ def test_a_soak_of_the_async_scheduler(tiny_models):
     assert sp.controller.stats.drafted > 0 and sp.controller.stats.probes_sent > 0
     assert sp.controller.num_requests() == 0 and sp.controller.num_in_fallback() == 0
     assert not sp.planned and not sp.stale_from and not sched.requests
+
+
+def _session_request(req_id, max_tokens, ceiling=None, resumable=True):
+    from vllm import SamplingParams
+    from vllm.v1.request import Request
+
+    extra = None if ceiling is None else {"specplug_max_k": ceiling}
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
+                            extra_args=extra)
+    return Request(req_id, [TOKEN + (i % 5) for i in range(12)], params, None,
+                   resumable=resumable)
+
+
+def test_a_streaming_input_session_takes_its_updates_ceiling_and_frees_its_row(tiny_models):
+    """A streaming-input session (vLLM's resumable requests): each chunk's
+    ``specplug_max_k`` applies when the chunk does, and the session's end
+    (vLLM finishes it inside ``add_request``) leaves no controller row."""
+    from vllm.v1.request import RequestStatus
+
+    sched = build_scheduler(tiny_models["target"], False)
+    ctrl = sched.specplug.controller
+    run = SyntheticRun(sched, {"s": always})
+
+    def ceiling():
+        return int(ctrl._ceiling[ctrl._row_of["s"]])
+
+    sched.add_request(_session_request("s", 8, ceiling=3))
+    assert ctrl.num_requests() == 1 and ceiling() == 3
+    for _ in range(40):
+        if sched.requests["s"].status == RequestStatus.WAITING_FOR_STREAMING_REQ:
+            break
+        run.step()
+    assert sched.requests["s"].status == RequestStatus.WAITING_FOR_STREAMING_REQ
+    assert ctrl.num_requests() == 1  # a paused session keeps its row
+    # The next chunk asks for at most one draft.
+    sched.add_request(_session_request("s", 8, ceiling=1))
+    assert ctrl.num_requests() == 1 and ceiling() == 1
+    for _ in range(40):
+        if sched.requests["s"].status == RequestStatus.WAITING_FOR_STREAMING_REQ:
+            break
+        run.step()
+        assert all(k <= 1 for k in sched.specplug.planned.values())
+    # A chunk without the key takes the server's ceiling again.
+    sched.add_request(_session_request("s", 4))
+    assert ceiling() == CEILING
+    for _ in range(40):
+        if sched.requests["s"].status == RequestStatus.WAITING_FOR_STREAMING_REQ:
+            break
+        run.step()
+    # The end of the session: vLLM finishes it inside add_request.
+    sched.add_request(_session_request("s", 1, resumable=False))
+    assert "s" not in sched.requests
+    assert ctrl.num_requests() == 0

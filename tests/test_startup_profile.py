@@ -183,3 +183,186 @@ def test_slow_first_draft_calls_while_serving_do_not_keep_a_perfect_draft_off(
         assert ratios.observations > 0
     finally:
         shutdown(llm)
+
+
+class _RecordingBench:
+    """The measurement's bench interface, recording every step; no engine.
+
+    Like vLLM's runners it refuses a step that verifies more drafts than the
+    step before proposed (new requests have proposed none)."""
+
+    def __init__(self):
+        self.steps: list[tuple[int, int, int]] = []  # (k_step, drafts, proposed before)
+        self.proposed, self.n, self.now = 0, 0, 0.0
+
+    @property
+    def size(self):
+        return self.n
+
+    def add(self, n):
+        if n > 0:
+            self.n += n
+            self.proposed = 0  # prefilled: nothing drafted for them yet
+
+    def step(self, k_step, drafts):
+        from vllm_specplug.profiling import ProfileSequenceError
+
+        self.steps.append((k_step, drafts, self.proposed))
+        if drafts > self.proposed:
+            raise ProfileSequenceError(f"{drafts} after {self.proposed}")
+        self.proposed = k_step
+        # A memory-bound step with a draft a tenth its size.
+        seconds = 0.01 + 0.001 * (k_step > 0) + 0.001 * max(k_step - 1, 0)
+        self.now += seconds
+        return seconds, self.n * (1 + drafts), self.n if k_step else 0
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("max_batch", [1, 5, 16])
+def test_profile_sequence_never_verifies_more_drafts_than_were_proposed(k, max_batch):
+    from vllm_specplug import profiling
+
+    bench = _RecordingBench()
+    prof = profiling.run_rounds(bench, k, max_batch, 4096, True, lambda: bench.now, budget_s=1e9)
+    assert all(drafts <= before for _, drafts, before in bench.steps)
+    # Every shape the table needs was run: verifying K drafts, and K draft positions.
+    assert any(d == k for _, d, _ in bench.steps) and any(s == k for s, _, _ in bench.steps)
+    assert prof.batch[-1] == max_batch
+    # The cached table's check runs a sequence of its own.
+    bench = _RecordingBench()
+    profiling.validate_steps(bench, k)
+    assert all(drafts <= before for _, drafts, before in bench.steps)
+    assert (k, k, k) in bench.steps
+
+
+def test_profile_sequence_check_fails_on_the_old_order():
+    """The bench's refusal is what the property above rests on: the order the
+    profile used to run, (1, K) right after (1, 0), is refused."""
+    from vllm_specplug.profiling import ProfileSequenceError
+
+    bench = _RecordingBench()
+    bench.add(1)
+    bench.step(1, 0)
+    with pytest.raises(ProfileSequenceError):
+        bench.step(1, CEILING)
+
+
+def test_the_measurement_is_refused_with_kv_events_or_connectors():
+    from types import SimpleNamespace
+
+    from vllm_specplug.profiling import measurement_blocked
+
+    def config(**kw):
+        base = dict(kv_events_config=None, kv_transfer_config=None, ec_transfer_config=None)
+        return SimpleNamespace(**{**base, **kw})
+
+    assert measurement_blocked(config()) is None
+    assert measurement_blocked(config(kv_events_config=SimpleNamespace(
+        enable_kv_cache_events=False))) is None
+    assert "events" in measurement_blocked(config(kv_events_config=SimpleNamespace(
+        enable_kv_cache_events=True)))
+    assert "KV connector" in measurement_blocked(config(kv_transfer_config=object()))
+    assert "encoder-cache" in measurement_blocked(config(ec_transfer_config=object()))
+
+
+def test_an_engine_with_kv_events_measures_nothing(tiny_models, profile_cache, monkeypatch):
+    """vLLM publishes KV events here (on a free local port): no throwaway
+    scheduler is built, so no second publisher and no dummy blocks; the
+    policy prices from parameter counts."""
+    from vllm_specplug import profiling
+
+    def no_bench(*a, **k):
+        raise AssertionError("a throwaway scheduler was built")
+
+    monkeypatch.setattr(profiling, "_Bench", no_bench)
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    llm = make_llm(tiny_models["target"], speculative=draft_model(tiny_models["target"]),
+                   specplug={"profile": "auto"},
+                   kv_events_config={"enable_kv_cache_events": True, "publisher": "zmq",
+                                     "endpoint": f"tcp://127.0.0.1:{port}"})
+    try:
+        assert scheduler_of(llm).specplug.profile.meta["source"] == "prior"
+    finally:
+        shutdown(llm)
+
+
+def test_the_profile_has_a_deadline_frees_its_requests_and_shuts_its_scheduler_down(
+        tiny_models, profile_cache, monkeypatch):
+    """A measurement that runs out of time ends start-up's wait: the engine
+    starts on prices from parameter counts, its requests and KV blocks freed
+    and the throwaway scheduler shut down; then it serves exactly."""
+    from vllm_specplug import profiling
+
+    seen = {}
+    original_close = profiling._Bench.close
+
+    def close(self):
+        original_close(self)
+        seen["requests"] = len(self.scheduler.requests)
+        seen["free"] = self.scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
+        seen["total"] = self.scheduler.kv_cache_manager.block_pool.num_gpu_blocks
+
+    shut = []
+    monkeypatch.setattr(profiling._Bench, "close", close)
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    original_shutdown = Scheduler.shutdown
+    monkeypatch.setattr(Scheduler, "shutdown",
+                        lambda self: (shut.append(type(self).__name__), original_shutdown(self)))
+    monkeypatch.setattr(profiling, "DEADLINE_S", 0.0)
+    llm = make_llm(tiny_models["target"], speculative=draft_model(tiny_models["target"]),
+                   specplug={"profile": "auto"})
+    try:
+        assert scheduler_of(llm).specplug.profile.meta["source"] == "prior"
+        assert seen["requests"] == 0
+        assert seen["free"] >= seen["total"] - 1  # the null block
+        assert "_ProfileScheduler" in shut
+        outs = llm.generate(PROMPTS, greedy(LONG), use_tqdm=False)
+        assert [len(o.outputs[0].token_ids) for o in outs] == [LONG] * len(PROMPTS)
+    finally:
+        shutdown(llm)
+
+
+def test_a_later_engine_never_takes_an_earlier_engines_table(tiny_models, profile_cache,
+                                                            tmp_path):
+    """The profile travels with the engine's own KV cache config: a second
+    engine in the same process, with no profile of its own, prices from its
+    parameter counts, not from the first engine's table."""
+    from vllm_specplug.controller import StepProfile
+
+    path = tmp_path / "first.json"
+    StepProfile([1, 8, 64], [0.01, 0.012, 0.03], [0.002, 0.003, 0.01], [1, 8], [0.002, 0.003],
+                meta={"source": "first engine"}).save(str(path))
+    llm = make_llm(tiny_models["target"], speculative=draft_model(tiny_models["target"]),
+                   specplug={"profile": str(path)})
+    try:
+        assert scheduler_of(llm).specplug.profile.meta["source"] == "first engine"
+    finally:
+        shutdown(llm)
+    llm = make_llm(tiny_models["target"], speculative=draft_model(tiny_models["target"]),
+                   specplug={"profile": "off"})
+    try:
+        assert scheduler_of(llm).specplug.profile.meta["source"] == "prior"
+    finally:
+        shutdown(llm)
+
+
+def test_the_cache_key_names_runner_async_scheduling_and_compilation(tiny_models):
+    from vllm.engine.arg_utils import EngineArgs
+
+    from vllm_specplug import profiling
+
+    args = EngineArgs(model=tiny_models["target"], enforce_eager=True, dtype="float32",
+                      max_model_len=256, speculative_config=draft_model(tiny_models["target"]))
+    vllm_config = args.create_engine_config()
+    key = profiling.deployment_key(vllm_config, True)
+    assert key["runner"] == "cpu-v1"
+    assert key["async_scheduling"] is False
+    assert "cudagraph=" in key["compilation"] and "mode=" in key["compilation"]
+    vllm_config.scheduler_config.async_scheduling = True
+    assert profiling.cache_path(profiling.deployment_key(vllm_config, True)) != \
+        profiling.cache_path(key)

@@ -158,7 +158,7 @@ def test_a_failing_catch_up_turns_the_fallback_off_and_output_stays_exact(
         def broken(*args, **kwargs):
             raise RuntimeError("catch-up broke")
 
-        monkeypatch.setattr(draft_model_skip, "_catch_up", broken)
+        monkeypatch.setattr(draft_model_skip, "_catch_up_passes", broken)
         prompts = [prompt(i) for i in range(2)]
         outs = run_with_forced_fallback(llm, prompts, CEILING)
         assert token_ids(outs) == [plain[p] for p in prompts]
@@ -177,3 +177,52 @@ def test_a_failing_catch_up_turns_the_fallback_off_and_output_stays_exact(
         assert stats.skipped_passes == skipped and stats.failures == 1
     finally:
         shutdown(llm)
+
+
+def test_a_rank_gives_up_when_another_rank_failed(tiny_models, plain, monkeypatch):
+    """Under tensor parallelism a rank whose own step is fine still gives up
+    when another rank failed to prepare it (their draft passes must match):
+    here the other rank is simulated failing from the second skipped step on."""
+    llm = make_llm(tiny_models["target"], speculative=spec(tiny_models["target"]))
+    try:
+        drafter = drafter_of(llm)
+
+        def other_rank_fails(failed, group):
+            return failed or drafter.__dict__["specplug_stats"].skipped_passes >= 1
+
+        monkeypatch.setattr(draft_model_skip, "_any_rank_failed", other_rank_fails)
+        prompts = [prompt(i) for i in range(2)]
+        outs = run_with_forced_fallback(llm, prompts, CEILING)
+        assert token_ids(outs) == [plain[p] for p in prompts]
+        stats = drafter.specplug_stats
+        assert stats.failures == 1 and stats.skipped_passes == 1
+        assert stats.catch_up_passes == 0
+        assert drafter.__dict__["_specplug_skip"] is False
+        assert scheduler_of(llm).specplug.zero_cost_fallback is False
+    finally:
+        shutdown(llm)
+
+
+def _agree(rank, path, failures, out):
+    import torch.distributed as dist
+
+    from vllm_specplug.patches.draft_model_skip import _any_rank_failed
+
+    dist.init_process_group("gloo", init_method=f"file://{path}", world_size=2, rank=rank)
+    try:
+        answers = [_any_rank_failed(f[rank], dist.group.WORLD) for f in failures]
+    finally:
+        dist.destroy_process_group()
+    with open(f"{out}.{rank}", "w") as fh:
+        fh.write(" ".join(str(int(a)) for a in answers))
+
+
+def test_ranks_agree_on_a_failure_through_their_cpu_group(tmp_path):
+    """The agreement itself, between two processes over gloo (as vLLM's TP CPU group)."""
+    import torch.multiprocessing as mp
+
+    failures = [(False, False), (False, True), (True, False), (True, True)]
+    mp.start_processes(_agree, args=(str(tmp_path / "pg"), failures, str(tmp_path / "out")),
+                       nprocs=2, start_method="spawn", join=True)
+    for rank in (0, 1):
+        assert (tmp_path / f"out.{rank}").read_text() == "0 1 1 1"

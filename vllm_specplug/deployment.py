@@ -68,6 +68,31 @@ def k_step_pinned_for(vllm_config) -> bool:
     return method not in ADAPTIVE_K_STEP_METHODS or dp > 1
 
 
+def model_runner(vllm_config) -> str:
+    """The workers' model runner: ``"cpu-v1"``, ``"gpu-v1"``, ``"gpu-v2"`` or ``"other"``.
+
+    vLLM picks it from the config alone (``VllmConfig.use_v2_model_runner``,
+    read by the workers of the CPU and CUDA platforms), so the scheduler's
+    process knows it at start-up.
+    """
+    try:
+        from vllm.platforms import current_platform
+
+        if current_platform.is_cpu():
+            device = "cpu"
+        elif current_platform.is_cuda_alike():
+            device = "gpu"
+        else:
+            return "other"
+    except Exception:
+        return "other"
+    try:
+        v2 = bool(vllm_config.use_v2_model_runner)
+    except Exception:
+        return "other"
+    return f"{device}-{'v2' if v2 else 'v1'}"
+
+
 def _on_cpu() -> bool:
     try:
         from vllm.platforms import current_platform

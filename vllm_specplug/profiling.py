@@ -15,16 +15,22 @@ every rank runs the step while the engine core times it: one table, rank
 live steps (from the end of ``schedule()`` to the model output).
 
 Per batch size B (1, 2, 4, ... up to ``max_num_seqs``, within a time
-budget) and the ceiling K, five step shapes:
+budget) and the ceiling K, rounds of six steps (K_step, drafts verified):
 
-    K_step 0, K drafts per request verified    target(B (1 + K))
-    K_step 0, no drafts                        target(B)
-    K_step 1, no drafts                        target(B) + first(B)
-    K_step 1, K drafts                         target(B (1 + K)) + first(B (1 + K))
-    K_step K, K drafts                         ... + (K - 1) pass(B)
+    (0, K)   target(B (1 + K))
+    (0, 0)   target(B)
+    (1, 0)   target(B) + first(B), and the catch-up of the two plain steps
+    (1, 0)   target(B) + first(B)
+    (K, 0)   target(B) + first(B) + (K - 1) pass(B)
+    (K, K)   target(B (1 + K)) + first(B (1 + K)) + (K - 1) pass(B)
 
-are timed in rounds, one step of each shape per round, ``ROUNDS`` or more
-rounds after one discarded warm-up round.  Interference on a shared host
+so that no step verifies more drafts than the step before it proposed
+(the last step of a round proposes K for the first of the next; a lead-in
+step at K_step = K precedes a round wherever that is not so).  vLLM's GPU
+runners gather a step's drafts from what the previous step proposed: more
+would read past them (``test_profile_sequence_*`` checks every sequence
+this module runs).  The rounds are timed ``ROUNDS`` or more times after
+one discarded warm-up round.  Interference on a shared host
 (another process on the cores, a page fault, a GC pause) comes and goes
 over seconds: timed in rounds it lands on every shape alike instead of on
 whichever shape happened to be measured then, and the first-pass and
@@ -36,8 +42,18 @@ medians say so (noise, or a kernel slower at one size) the fit averages
 the two rather than leave a dip for the argmax to chase.  The raw medians
 stay in ``meta["raw"]``.
 
+The steps run on a throwaway scheduler of the engine's own kind (vLLM's
+``AsyncScheduler`` when the engine schedules asynchronously, so drafts and
+rejected tokens are accounted as the workers expect), within a deadline
+(``DEADLINE_S``: a KV cache too small for the dummy requests cannot make
+start-up hang), and it is shut down afterwards.  It is never built where
+KV events or a KV / encoder-cache connector are configured (a second
+publisher and connectors would see the dummy requests): there the policy
+prices steps from parameter counts.
+
 The drafts verified are placeholders put in each request's
-``spec_token_ids`` (almost always rejected: verification costs the same).
+``spec_token_ids`` (almost always rejected: verification costs the same;
+under async scheduling the worker's own drafts).
 With the zero-cost fallback the first K_step = 1 step of each round
 follows two K_step = 0 steps and so also catches the draft up: the worker
 repairs whole KV blocks, from the start of the first block the skipped
@@ -47,6 +63,9 @@ tokens (``deployment.catch_up_tokens``, which the scheduler counts alike).
 Afterwards the requests are finished (the workers drop them) and the
 zero-cost fallback's stale-block marks are reset, since no block the
 profile wrote can be read again.
+
+The profile reaches the scheduler on the KV cache config the engine core
+builds it from (``attach`` / ``attached``): one engine, one table.
 
 A measured table is cached (``cache_dir()``/<key>.json), keyed by
 everything that changes step time (``deployment_key``).  Before a cached
@@ -67,7 +86,7 @@ import time
 from typing import Any
 
 from vllm_specplug.controller.profile import StepProfile
-from vllm_specplug.deployment import catch_up_tokens
+from vllm_specplug.deployment import catch_up_tokens, model_runner
 
 logger = logging.getLogger("vllm.specplug")
 
@@ -85,16 +104,41 @@ PROMPT_TOKENS = 32
 BUDGET_S = 75.0
 VALIDATE_TOLERANCE = 0.25
 # Part of the cache key: a table measured by an older procedure is measured again.
-PROFILE_FORMAT = 3
+PROFILE_FORMAT = 4
 _REQ_PREFIX = "specplug-profile-"
 
-# Profiles measured in this process, by id(vllm_config): the scheduler built
-# right after the measurement reads its own from here.
-_MEASURED: dict[int, StepProfile] = {}
+# Seconds after which the measurement gives up (the policy then prices
+# from parameter counts): a step never ends the measurement on its own.
+DEADLINE_S = 4 * BUDGET_S
+# The attribute of the scheduler's KV cache config that carries the profile
+# from the engine core's KV-cache set-up to the scheduler built from it.
+PROFILE_ATTR = "specplug_step_profile"
 
 
-def measured_profile(vllm_config) -> StepProfile | None:
-    return _MEASURED.get(id(vllm_config))
+class ProfileSequenceError(RuntimeError):
+    """A step would verify more drafts than the step before it proposed."""
+
+
+def attach(kv_cache_config, profile: StepProfile | None) -> None:
+    """Hand ``profile`` to the scheduler that will be built from ``kv_cache_config``."""
+    setattr(kv_cache_config, PROFILE_ATTR, profile)
+
+
+def attached(kv_cache_config) -> StepProfile | None:
+    """The profile measured for the engine whose scheduler has this KV cache config."""
+    return getattr(kv_cache_config, PROFILE_ATTR, None)
+
+
+def measurement_blocked(vllm_config) -> str | None:
+    """Why a throwaway scheduler must not run dummy requests on this engine, or None."""
+    events = getattr(vllm_config, "kv_events_config", None)
+    if events is not None and getattr(events, "enable_kv_cache_events", False):
+        return "KV cache events are published (a KV-aware router would index dummy blocks)"
+    if getattr(vllm_config, "kv_transfer_config", None) is not None:
+        return "a KV connector is configured (it would see the dummy requests)"
+    if getattr(vllm_config, "ec_transfer_config", None) is not None:
+        return "an encoder-cache connector is configured"
+    return None
 
 
 def cache_dir() -> str:
@@ -143,6 +187,9 @@ def deployment_key(vllm_config, zero_cost: bool) -> dict[str, Any]:
         "max_num_batched_tokens": int(sched.max_num_batched_tokens),
         "max_model_len": int(mc.max_model_len), "block_size": int(cache.block_size),
         "enforce_eager": bool(mc.enforce_eager),
+        "runner": model_runner(vllm_config),
+        "async_scheduling": bool(getattr(sched, "async_scheduling", False)),
+        "compilation": _compilation(vllm_config),
         "zero_cost_fallback": bool(zero_cost),
         "threads": {k: os.environ.get(k) for k in (
             "OMP_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU")},
@@ -153,25 +200,42 @@ def deployment_key(vllm_config, zero_cost: bool) -> dict[str, Any]:
     }
 
 
+def _compilation(vllm_config) -> str:
+    """Compilation mode and CUDA-graph mode, as vLLM resolved them."""
+    comp = getattr(vllm_config, "compilation_config", None)
+    mode = getattr(comp, "mode", None)
+    graphs = getattr(comp, "cudagraph_mode", None)
+    return f"mode={getattr(mode, 'name', mode)} cudagraph={getattr(graphs, 'name', graphs)}"
+
+
 def cache_path(key: dict[str, Any]) -> str:
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
     return os.path.join(cache_dir(), f"{digest}.json")
 
 
 class _Bench:
-    """Dummy requests on a throwaway vLLM scheduler, stepped through the executor."""
+    """Dummy requests on a throwaway vLLM scheduler, stepped through the executor.
 
-    def __init__(self, executor, vllm_config, kv_cache_config) -> None:
+    ``step`` refuses a step that verifies more drafts than the previous one
+    proposed (``proposed``: the previous step's K_step, 0 after requests are
+    added), and any step past ``deadline`` (``clock()`` seconds)."""
+
+    def __init__(self, executor, vllm_config, kv_cache_config, deadline: float,
+                 clock=time.monotonic) -> None:
         from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes
+        from vllm.v1.core.sched.async_scheduler import AsyncScheduler
         from vllm.v1.core.sched.scheduler import Scheduler
         from vllm.v1.structured_output import StructuredOutputManager
 
         k_step_box = self.k_step = [0]
+        self.is_async = bool(getattr(vllm_config.scheduler_config, "async_scheduling", False))
 
-        class _ProfileScheduler(Scheduler):
+        class _ProfileScheduler(AsyncScheduler if self.is_async else Scheduler):
             def _update_after_schedule(self, scheduler_output) -> None:
-                super()._update_after_schedule(scheduler_output)
+                # Before vLLM's update: the async scheduler sizes the next
+                # step's draft placeholders from it.
                 scheduler_output.num_spec_tokens_to_schedule = k_step_box[0]
+                super()._update_after_schedule(scheduler_output)
 
         block, hash_block = resolve_kv_cache_block_sizes(kv_cache_config, vllm_config)
         self.scheduler = _ProfileScheduler(
@@ -179,6 +243,9 @@ class _Bench:
             structured_output_manager=StructuredOutputManager(vllm_config),
             block_size=block, hash_block_size=hash_block, log_stats=False)
         self.executor = executor
+        self.deadline = deadline
+        self.clock = clock
+        self.proposed = 0
         # Full blocks are hashed for the prefix cache as the engine core
         # does it (the throwaway scheduler's cache is dropped with it).
         self.hasher = None
@@ -226,11 +293,19 @@ class _Bench:
 
     def step(self, k_step: int, drafts: int) -> tuple[float, int, int]:
         """One engine step; returns (seconds, tokens scheduled, catch-up tokens)."""
+        if drafts > self.proposed:
+            raise ProfileSequenceError(
+                f"a step verifying {drafts} drafts after one that proposed {self.proposed}")
+        if self.clock() > self.deadline:
+            raise TimeoutError(f"the step-cost profile ran past its {DEADLINE_S:.0f} s deadline")
         sched = self.scheduler
         for rid in self.ids:
             req = sched.requests[rid]
             if req.num_computed_tokens >= req.num_prompt_tokens:
-                req.spec_token_ids = [req.all_token_ids[-1]] * drafts
+                # Async: the placeholders the previous step left, which the
+                # workers fill with their own drafts; sync: stand-ins.
+                req.spec_token_ids = (list(req.spec_token_ids[:drafts]) if self.is_async
+                                      else [req.all_token_ids[-1]] * drafts)
         catchup = 0
         if k_step == 0:
             for rid in self.ids:
@@ -248,27 +323,27 @@ class _Bench:
             result = self.executor.sample_tokens(None)
         seconds = time.perf_counter() - start
         sched.update_from_output(out, result)
-        self.executor.take_draft_token_ids()
+        if not self.is_async:  # as EngineCore: async drafts stay with the workers
+            self.executor.take_draft_token_ids()
+        # Requests still prefilling propose nothing; the bench's steps keep
+        # every request past its prompt before a shape is timed.
+        self.proposed = k_step if all(
+            sched.requests[r].num_computed_tokens >= sched.requests[r].num_prompt_tokens
+            for r in self.ids) else 0
         return seconds, out.total_num_scheduled_tokens, catchup
-
-    def shape(self, k_step: int, drafts: int) -> tuple[float, int]:
-        """Median seconds and tokens of one shape, after WARMUP discarded steps."""
-        times, tokens = [], 0
-        for _ in range(WARMUP):
-            self.step(k_step, drafts)
-        while len(times) < REPEATS:
-            seconds, tokens, _ = self.step(k_step, drafts)
-            times.append(seconds)
-        return robust_median(times), tokens
 
     def close(self) -> None:
         from vllm.v1.request import RequestStatus
 
-        self.scheduler.finish_requests(self.ids, RequestStatus.FINISHED_ABORTED)
-        # One empty step tells the workers to drop the requests.
-        out = self.scheduler.schedule()
-        self.executor.execute_model(out)
-        self.ids = []
+        try:
+            if self.ids:
+                self.scheduler.finish_requests(self.ids, RequestStatus.FINISHED_ABORTED)
+                # One empty step tells the workers to drop the requests.
+                out = self.scheduler.schedule()
+                self.executor.execute_model(out)
+            self.ids = []
+        finally:
+            self.scheduler.shutdown()
 
 
 def robust_median(times: list[float]) -> float:
@@ -290,18 +365,30 @@ def _reset_draft_skip(worker) -> None:
         draft_model_skip.set_enabled(drafter, True)
 
 
+def lead_in(bench, k: int) -> None:
+    """A step at K_step = ``k`` where the previous step proposed fewer drafts."""
+    if bench.proposed < k:
+        bench.step(k, 0)
+
+
 def _round(bench, k: int) -> dict[str, float]:
-    """One step of each shape at the bench's batch: seconds, and the sizes they ran."""
+    """One step of each shape at the bench's batch: seconds, and the sizes they ran.
+
+    Each step verifies at most what the one before it proposed; the round
+    ends having proposed ``k``, ready for the next."""
+    lead_in(bench, k)
     a_wide, t_wide, _ = bench.step(0, k)
     a_plain, t_plain, _ = bench.step(0, 0)
     # The first drafting step after those catches the draft up.
     c_secs, _, c_tokens = bench.step(1, 0)
     f_plain, _, _ = bench.step(1, 0)
-    f_wide, _, _ = bench.step(1, k)
-    e_wide = bench.step(k, k)[0] if k > 1 else f_wide
+    e_plain = bench.step(k, 0)[0] if k > 1 else f_plain
+    e_wide, _, _ = bench.step(k, k)
     return {"a_wide": a_wide, "a_plain": a_plain, "catchup": max(c_secs - f_plain, 0.0),
-            "first_plain": f_plain - a_plain, "first_wide": f_wide - a_wide,
-            "pass": (e_wide - f_wide) / max(k - 1, 1),
+            "first_plain": f_plain - a_plain,
+            # (K, K) less (0, K) is first(B (1 + K)) + (K - 1) pass(B).
+            "first_wide": (e_wide - a_wide) - (e_plain - f_plain),
+            "pass": (e_plain - f_plain) / max(k - 1, 1),
             "t_wide": t_wide, "t_plain": t_plain, "c_tokens": c_tokens}
 
 
@@ -318,8 +405,8 @@ def run_rounds(bench, k: int, max_batch: int, token_budget: int, zero_cost: bool
     # (allocator, kernels picked on first use): a few untimed steps of each
     # kind first.
     bench.add(1)
-    for k_step, drafts in ((0, 0), (0, k), (1, 0), (k, k)) * 2:
-        bench.step(k_step, drafts)
+    for _ in range(2):
+        _round(bench, k)
     target: dict[int, list[float]] = {}
     first: dict[int, list[float]] = {}
     passes: dict[int, float] = {}
@@ -335,7 +422,7 @@ def run_rounds(bench, k: int, max_batch: int, token_budget: int, zero_cost: bool
         rounds: list[dict[str, float]] = []
         while len(rounds) < ROUNDS or (len(rounds) < MAX_ROUNDS and clock() - before < ROUNDS_S):
             rounds.append(_round(bench, k))
-        shapes += 5
+        shapes += 6
         col = {key: [r[key] for r in rounds] for key in rounds[0]}
         a_plain, a_wide = med(col["a_plain"]), med(col["a_wide"])
         t_plain, t_wide = int(col["t_plain"][0]), int(col["t_wide"][0])
@@ -372,7 +459,7 @@ def run_rounds(bench, k: int, max_batch: int, token_budget: int, zero_cost: bool
 
 def measure(executor, vllm_config, kv_cache_config, k: int, zero_cost: bool,
             budget_s: float = BUDGET_S) -> StepProfile:
-    bench = _Bench(executor, vllm_config, kv_cache_config)
+    bench = _Bench(executor, vllm_config, kv_cache_config, time.monotonic() + DEADLINE_S)
     try:
         profile = run_rounds(bench, k, max(1, int(vllm_config.scheduler_config.max_num_seqs)),
                              int(vllm_config.scheduler_config.max_num_batched_tokens), zero_cost,
@@ -386,16 +473,36 @@ def measure(executor, vllm_config, kv_cache_config, k: int, zero_cost: bool,
     return profile
 
 
-def validate(executor, vllm_config, kv_cache_config, profile: StepProfile, k: int) -> tuple[bool, str]:
+def shape(bench, k_step: int, drafts: int) -> tuple[float, int]:
+    """Median seconds and tokens of one shape, after WARMUP discarded steps."""
+    times, tokens = [], 0
+    for _ in range(WARMUP):
+        bench.step(k_step, drafts)
+    while len(times) < REPEATS:
+        seconds, tokens, _ = bench.step(k_step, drafts)
+        times.append(seconds)
+    return robust_median(times), tokens
+
+
+def validate_steps(bench, k: int) -> tuple[float, int, float, int]:
+    """Two fresh shapes on ``bench``: one request plain, and drafting K."""
+    bench.add(1)
+    plain, t_plain = shape(bench, 0, 0)
+    lead_in(bench, k)  # proposes K (and catches the draft up)
+    wide, t_wide = shape(bench, k, k)
+    return plain, t_plain, wide, t_wide
+
+
+def validate(executor, vllm_config, kv_cache_config, profile: StepProfile, k: int,
+             zero_cost: bool = False) -> tuple[bool, str]:
     """Time two fresh shapes (one request: plain, and drafting K) against a cached table."""
-    bench = _Bench(executor, vllm_config, kv_cache_config)
+    bench = _Bench(executor, vllm_config, kv_cache_config, time.monotonic() + DEADLINE_S)
     try:
-        bench.add(1)
-        plain, t_plain = bench.shape(0, 0)
-        bench.step(1, 0)  # the draft catches up
-        wide, t_wide = bench.shape(k, k)
+        plain, t_plain, wide, t_wide = validate_steps(bench, k)
     finally:
         bench.close()
+        if zero_cost:
+            executor.collective_rpc(_reset_draft_skip)
     want_plain = profile.step(t_plain, 1, 0)
     want_wide = profile.step(t_wide, 1, k)
     ratios = (plain / want_plain, wide / want_wide)
@@ -406,10 +513,13 @@ def validate(executor, vllm_config, kv_cache_config, profile: StepProfile, k: in
 def profile_for_engine(executor, vllm_config, kv_cache_config) -> StepProfile | None:
     """The profile this engine's scheduler will use, per ``additional_config["specplug"].profile``.
 
-    Returns None (the scheduler then prices from parameter counts) where
-    nothing is measured: ``profile: off``, a policy that prices nothing,
-    or a method whose K_step is pinned.  A path that cannot be read stops
-    start-up with a message naming the key.
+    The profile is also attached to ``kv_cache_config`` (``attach``), which
+    the engine core builds the scheduler from.  Returns None (the scheduler
+    then prices from parameter counts) where nothing is measured:
+    ``profile: off``, a policy that prices nothing, a method whose K_step is
+    pinned, or an engine with KV events or connectors
+    (``measurement_blocked``).  A path that cannot be read stops start-up
+    with a message naming the key.
     """
     from vllm_specplug.config import SpecPlugConfig, SpecPlugConfigError
     from vllm_specplug.deployment import (k_step_pinned_for, uses_plugin_scheduler,
@@ -431,11 +541,16 @@ def profile_for_engine(executor, vllm_config, kv_cache_config) -> StepProfile | 
                 f'as a step-cost profile ({exc}); allowed: "auto" | "off" | a path to a '
                 f"profile JSON (vllm-specplug profile --config FILE writes one)") from exc
         logger.info("vllm-specplug: step-cost profile from %s", config.profile)
-        _MEASURED[id(vllm_config)] = profile
+        attach(kv_cache_config, profile)
         return profile
     if k_step_pinned_for(vllm_config):
         logger.info("vllm-specplug: K_step is pinned for this deployment; no step-cost "
                     "profile is measured (prices from parameter counts)")
+        return None
+    blocked = measurement_blocked(vllm_config)
+    if blocked:
+        logger.info("vllm-specplug: no step-cost profile is measured: %s; prices from "
+                    "parameter counts", blocked)
         return None
     zero_cost = zero_cost_fallback_for(vllm_config, config.zero_cost_fallback)[0]
     key = deployment_key(vllm_config, zero_cost)
@@ -444,7 +559,7 @@ def profile_for_engine(executor, vllm_config, kv_cache_config) -> StepProfile | 
     if os.path.exists(path) and not os.environ.get("VLLM_SPECPLUG_PROFILE_FRESH"):
         try:
             cached = StepProfile.load(path)
-            ok, why = validate(executor, vllm_config, kv_cache_config, cached, k)
+            ok, why = validate(executor, vllm_config, kv_cache_config, cached, k, zero_cost)
             if ok:
                 profile = cached
                 logger.info("vllm-specplug: step-cost profile from the cache (%s; %s)", path, why)
@@ -466,7 +581,7 @@ def profile_for_engine(executor, vllm_config, kv_cache_config) -> StepProfile | 
         logger.info("vllm-specplug: step-cost profile measured in %.1f s over %d shapes "
                     "(batch 1-%d, %d token sizes); cached at %s", profile.meta["seconds"],
                     profile.meta["shapes"], int(profile.batch[-1]), profile.tokens.size, path)
-    _MEASURED[id(vllm_config)] = profile
+    attach(kv_cache_config, profile)
     return profile
 
 

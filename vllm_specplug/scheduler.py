@@ -88,6 +88,9 @@ class AdaptiveSpecState:
         self.config = SpecPlugConfig.from_additional_config(additional, self.num_spec_tokens)
         self.startup_config = self.config
         self.vllm_config = vllm_config
+        # The start-up profile travels on the KV cache config the engine
+        # core builds this scheduler from (profiling.attach).
+        self.kv_cache_config = scheduler.kv_cache_config
         if spec is None or self.num_spec_tokens <= 0:
             self.reason = ("no speculative config: nothing to adapt, the scheduler "
                            "behaves exactly like vLLM's")
@@ -223,7 +226,7 @@ class AdaptiveSpecState:
         """The start-up profile measured for this engine, or one from parameter counts."""
         from vllm_specplug import profiling
 
-        measured = profiling.measured_profile(self.vllm_config)
+        measured = profiling.attached(self.kv_cache_config)
         if measured is not None:
             if measured.meta.get("zero_cost_fallback") and not self.zero_cost_fallback:
                 # Measured skipping the draft at K_step = 0; here it runs then too.
@@ -331,23 +334,45 @@ class _AdaptiveSpecMixin:
 
     # -- request lifecycle -------------------------------------------------
     def add_request(self, request) -> None:
+        # A known id is a streaming-input session's next chunk or its end:
+        # vLLM applies the chunk (``_update_request_as_session``, now or
+        # when the current one ends) or finishes the session (then
+        # ``_free_request`` frees the controller's row).  Only a new id
+        # gets a row.
+        new = request.request_id not in self.requests
         super().add_request(request)
         sp = self.specplug
-        if not sp.enabled:
+        if not sp.enabled or not new or request.request_id not in self.requests:
             return
-        ceiling = None
-        params = getattr(request, "sampling_params", None)
         try:
-            ceiling = parse_request_args(getattr(params, "extra_args", None), sp.ceiling)
+            sp.controller.add_request(request.request_id,
+                                      self._specplug_ceiling(request.request_id,
+                                                             request.sampling_params))
+        except Exception:
+            sp.fault("add_request")
+
+    def _update_request_as_session(self, session, update) -> None:
+        super()._update_request_as_session(session, update)
+        sp = self.specplug
+        if not sp.enabled or update.sampling_params is None:
+            return
+        try:  # the chunk's own specplug_max_k, or the server ceiling
+            ceiling = self._specplug_ceiling(session.request_id, update.sampling_params)
+            sp.controller.set_ceiling(session.request_id,
+                                      sp.ceiling if ceiling is None else ceiling)
+        except Exception:
+            sp.fault("session update")
+
+    def _specplug_ceiling(self, request_id: str, params) -> int | None:
+        sp = self.specplug
+        try:
+            return parse_request_args(getattr(params, "extra_args", None), sp.ceiling)
         except SpecPlugRequestError as exc:
             # The front end rejects these with HTTP 400; reaching here means a
             # caller bypassed it.  Never fail the engine over it.
             logger.warning("vllm-specplug: request %s: %s; using the server ceiling",
-                           request.request_id, exc)
-        try:
-            sp.controller.add_request(request.request_id, ceiling)
-        except Exception:
-            sp.fault("add_request")
+                           request_id, exc)
+            return None
 
     def _free_request(self, request, *args, **kwargs):
         result = super()._free_request(request, *args, **kwargs)

@@ -42,7 +42,10 @@ What it changes
 
     If the patch's own code raises (a catch-up on a vLLM it was not checked
     against), that step and every later one take vLLM's path, with exact
-    output.  The model runner's ``sample_tokens`` is wrapped per instance
+    output.  Under tensor parallelism the ranks agree first (one small
+    all-reduce on the CPU group each step, before any draft pass): if any
+    rank failed to prepare its step, every rank gives up together, so no
+    rank runs a pass the others do not.  The model runner's ``sample_tokens`` is wrapped per instance
     to tag each step's ``ModelRunnerOutput`` with whether this worker skips
     (``specplug_zero_cost``): the scheduler reads the workers' actual state
     from it instead of assuming what the config says.
@@ -216,12 +219,14 @@ def _rows_view(cad):
     return seq - qlen, seq, table
 
 
-def _catch_up(proposer, stale: _StaleBlocks, cad, starts: np.ndarray, table: np.ndarray,
-              stats: DraftSkipStats) -> None:
-    """Run the draft model over every row's stale context, as prefill chunks."""
+def _catch_up_passes(proposer, stale: _StaleBlocks, cad, starts: np.ndarray,
+                     table: np.ndarray) -> list[tuple]:
+    """The draft passes that repair every row's stale context, as prefill chunks.
+
+    Only prepares them (inputs, attention metadata): nothing here talks to
+    another rank, so a failure can still be agreed on before any pass runs.
+    """
     import torch
-    from vllm.config import CUDAGraphMode
-    from vllm.forward_context import set_forward_context
     from vllm.v1.attention.backend import CommonAttentionMetadata
 
     pieces = []  # (row, start, end)
@@ -230,7 +235,7 @@ def _catch_up(proposer, stale: _StaleBlocks, cad, starts: np.ndarray, table: np.
         if first is not None:
             pieces.append((r, first, int(starts[r])))
     if not pieces:
-        return
+        return []
     token_ids = proposer.__dict__["_specplug_runner"].input_batch.token_ids_cpu
     budget = int(proposer.max_num_tokens)
     bs = stale.block_size
@@ -250,6 +255,7 @@ def _catch_up(proposer, stale: _StaleBlocks, cad, starts: np.ndarray, table: np.
                 cur, used = [], 0
     if cur:
         batches.append(cur)
+    passes = []
     for chunk in batches:
         rows = np.array([p[0] for p in chunk], dtype=np.int64)
         lens = np.array([p[2] - p[1] for p in chunk], dtype=np.int64)
@@ -281,16 +287,52 @@ def _catch_up(proposer, stale: _StaleBlocks, cad, starts: np.ndarray, table: np.
         input_ids = torch.from_numpy(np.ascontiguousarray(ids)).to(
             device=device, dtype=proposer.input_ids.dtype)
         pos_t = torch.from_numpy(positions).to(device)
-        with set_forward_context(
-            per_layer,
-            proposer.vllm_config,
-            num_tokens=n,
-            cudagraph_runtime_mode=CUDAGraphMode.NONE,
-            slot_mapping=proposer._get_slot_mapping(n, cu.slot_mapping),
-        ):
+        passes.append((per_layer, input_ids, pos_t, n,
+                       proposer._get_slot_mapping(n, cu.slot_mapping)))
+    return passes
+
+
+def _catch_up(proposer, passes: list[tuple], stats: DraftSkipStats) -> None:
+    """Run the prepared catch-up passes of the draft model."""
+    from vllm.config import CUDAGraphMode
+    from vllm.forward_context import set_forward_context
+
+    for per_layer, input_ids, pos_t, n, slot_mapping in passes:
+        with set_forward_context(per_layer, proposer.vllm_config, num_tokens=n,
+                                 cudagraph_runtime_mode=CUDAGraphMode.NONE,
+                                 slot_mapping=slot_mapping):
             proposer.model(input_ids=input_ids, positions=pos_t, inputs_embeds=None)
         stats.catch_up_passes += 1
         stats.catch_up_tokens += n
+
+
+def _tp_group(proposer):
+    """The CPU process group of this worker's tensor-parallel ranks, or None at TP = 1."""
+    par = getattr(proposer.vllm_config, "parallel_config", None)
+    if int(getattr(par, "tensor_parallel_size", 1) or 1) <= 1:
+        return None
+    from vllm.distributed.parallel_state import get_tp_group
+
+    return get_tp_group().cpu_group
+
+
+def _any_rank_failed(failed: bool, group) -> bool:
+    """Whether this rank or any other of ``group`` failed (one small all-reduce).
+
+    Under tensor parallelism every rank runs the draft's passes together
+    (their all-reduces meet): a rank that gave up alone would run vLLM's
+    first pass while the others skip it or catch up, and their collectives
+    would wait for each other for ever.  So the ranks agree, before any
+    pass, and all give up if any failed.
+    """
+    if group is None:
+        return failed
+    import torch
+    import torch.distributed as dist
+
+    flag = torch.tensor([1 if failed else 0], dtype=torch.int32)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+    return bool(flag.item())
 
 
 def _wrap(original):
@@ -299,30 +341,42 @@ def _wrap(original):
         if not stale:
             return original(self, num_speculative_tokens, *args, **kwargs)
         stats: DraftSkipStats = self.__dict__["specplug_stats"]
+        skip = int(num_speculative_tokens) == 0
+        failed = False
         try:
             bound = _SIGNATURE.bind(self, num_speculative_tokens, *args, **kwargs)
             cad = bound.arguments["common_attn_metadata"]
             starts, seq, table = _rows_view(cad)
-            if int(num_speculative_tokens) == 0:
-                # Nobody drafts from this step: skip the draft model and
-                # remember which blocks it did not write (this step's tokens
-                # and the next token's slot, position seq_len).
-                import torch
-
-                stale.mark(table, starts, seq)
-                stats.skipped_passes += 1
-                self.num_speculative_tokens = 0
-                self._last_draft_probs = None
-                next_ids = bound.arguments["next_token_ids"]
-                return torch.empty(int(cad.num_reqs), 0, device=next_ids.device,
-                                   dtype=torch.int64)
-            if stale.count:
-                _catch_up(self, stale, cad, starts, table, stats)
+            passes = [] if skip or not stale.count else _catch_up_passes(
+                self, stale, cad, starts, table)
         except Exception:
-            # This step and every later one take vLLM's own path: the
-            # output stays exact whatever the patch did.
+            failed = True
+        if _any_rank_failed(failed, _tp_group(self)):
+            # This step and every later one take vLLM's own path, on every
+            # rank: the output stays exact whatever the patch did.
             _give_up(self, stats)
             return original(self, num_speculative_tokens, *args, **kwargs)
+        if skip:
+            # Nobody drafts from this step: skip the draft model and
+            # remember which blocks it did not write (this step's tokens
+            # and the next token's slot, position seq_len).
+            import torch
+
+            stale.mark(table, starts, seq)
+            stats.skipped_passes += 1
+            self.num_speculative_tokens = 0
+            self._last_draft_probs = None
+            next_ids = bound.arguments["next_token_ids"]
+            return torch.empty(int(cad.num_reqs), 0, device=next_ids.device, dtype=torch.int64)
+        if passes:
+            try:
+                _catch_up(self, passes, stats)
+            except Exception:
+                # A pass itself raised (under tensor parallelism the other
+                # ranks' passes then fail or wait too: a crash, not a hang
+                # this patch could prevent).
+                _give_up(self, stats)
+                return original(self, num_speculative_tokens, *args, **kwargs)
         result = original(self, num_speculative_tokens, *args, **kwargs)
         stats.draft_passes += 1
         # The catch-up and the first pass together wrote every row's KV up

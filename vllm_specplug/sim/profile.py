@@ -31,7 +31,7 @@ from __future__ import annotations
 import numpy as np
 
 from vllm_specplug.controller import StepProfile
-from vllm_specplug.profiling import BUDGET_S, PROMPT_TOKENS, run_rounds
+from vllm_specplug.profiling import BUDGET_S, PROMPT_TOKENS, ProfileSequenceError, run_rounds
 from vllm_specplug.sim.clock import Realism, StepClock
 from vllm_specplug.sim.cost import Setup, StepCost
 
@@ -45,6 +45,7 @@ class _Bench:
         self.ctx = np.zeros(0)
         self.gap = np.zeros(0)  # tokens each request's draft skipped (zero-cost fallback)
         self.seconds = 0.0
+        self.proposed = 0  # drafts the last step proposed per request (the plugin's bench's)
 
     def add(self, n: int) -> None:
         """``n`` new requests, prefilled in one step (untimed)."""
@@ -57,9 +58,13 @@ class _Bench:
         self.seconds += self.timer.seconds(t, tokens, False)
         self.ctx = np.concatenate((old + 1, chunk + 1))
         self.gap = np.concatenate((self.gap + 1, chunk + 1))
+        self.proposed = 0
 
     def step(self, k_step: int, drafts: int) -> tuple[float, int, int]:
         """One step of every request; (seconds, tokens scheduled, tokens caught up)."""
+        if drafts > self.proposed:
+            raise ProfileSequenceError(f"{drafts} drafts verified after {self.proposed} proposed")
+        self.proposed = k_step
         b = self.ctx.size
         t = self.cost.step(self.ctx, np.full(b, drafts, dtype=np.int64), k_step)
         tokens = b * (1 + drafts)
