@@ -83,7 +83,6 @@ _NEEDED_PROPOSER_ATTRS = ("build_per_group_and_layer_attn_metadata", "_get_slot_
 _NEEDED_PROPOSE_PARAMS = ("num_speculative_tokens", "target_token_ids", "common_attn_metadata",
                           "next_token_ids")
 
-_INSTALLED: dict[str, object] = {}
 
 
 @dataclass
@@ -384,9 +383,7 @@ def _wrap(original):
         stale.clear(table, seq)
         return result
 
-    propose.__wrapped__ = original
     propose.__doc__ = original.__doc__
-    propose._specplug_patch = PATCH_NAME
     return propose
 
 
@@ -442,12 +439,38 @@ def _wrap_init(original):
         if runner is not None and callable(getattr(runner, "sample_tokens", None)):
             _report_state(runner, self)
 
-    __init__.__wrapped__ = original
     return __init__
 
 
 _SIGNATURE: inspect.Signature
 _INIT_SIGNATURE: inspect.Signature
+
+
+def _proposer_class():
+    from vllm.v1.spec_decode.draft_model import DraftModelProposer
+
+    return DraftModelProposer
+
+
+def _check(cls) -> str | None:
+    """What the wrappers need of vLLM's proposer, and it lacks (None: all there)."""
+    global _SIGNATURE, _INIT_SIGNATURE
+    sig = inspect.signature(cls.propose)
+    init_sig = inspect.signature(cls.__init__)
+    missing = [p for p in _NEEDED_PROPOSE_PARAMS if p not in sig.parameters]
+    if "runner" not in init_sig.parameters:
+        missing.append("__init__(runner=...)")
+    missing += [a for a in _NEEDED_PROPOSER_ATTRS if not hasattr(cls, a)]
+    try:
+        from vllm.config import CUDAGraphMode  # noqa: F401
+        from vllm.forward_context import set_forward_context  # noqa: F401
+        from vllm.v1.attention.backend import CommonAttentionMetadata  # noqa: F401
+    except ImportError as exc:
+        missing.append(str(exc))
+    if missing:
+        return f"vLLM's DraftModelProposer lacks {', '.join(missing)}"
+    _SIGNATURE, _INIT_SIGNATURE = sig, init_sig
+    return None
 
 
 def install() -> str | None:
@@ -457,42 +480,12 @@ def install() -> str | None:
     call (it needs the engine's config): only under vllm_specplug's scheduler
     with ``zero_cost_fallback`` on, so plain vLLM behaves exactly as before.
     """
-    global _SIGNATURE, _INIT_SIGNATURE
-    if "result" in _INSTALLED:
-        return _INSTALLED["result"]  # type: ignore[return-value]
-    why = None
-    try:
-        from vllm.v1.spec_decode.draft_model import DraftModelProposer
+    from vllm_specplug.patches import install_once
 
-        propose = DraftModelProposer.propose
-        if getattr(propose, "_specplug_patch", None) == PATCH_NAME:
-            why = None
-        else:
-            sig = inspect.signature(propose)
-            init_sig = inspect.signature(DraftModelProposer.__init__)
-            missing = [p for p in _NEEDED_PROPOSE_PARAMS if p not in sig.parameters]
-            if "runner" not in init_sig.parameters:
-                missing.append("__init__(runner=...)")
-            missing += [a for a in _NEEDED_PROPOSER_ATTRS if not hasattr(DraftModelProposer, a)]
-            try:
-                from vllm.config import CUDAGraphMode  # noqa: F401
-                from vllm.forward_context import set_forward_context  # noqa: F401
-                from vllm.v1.attention.backend import CommonAttentionMetadata  # noqa: F401
-            except ImportError as exc:
-                missing.append(str(exc))
-            if missing:
-                why = f"vLLM's DraftModelProposer lacks {', '.join(missing)}"
-            else:
-                _SIGNATURE, _INIT_SIGNATURE = sig, init_sig
-                DraftModelProposer.__init__ = _wrap_init(DraftModelProposer.__init__)
-                DraftModelProposer.propose = _wrap(propose)
-    except Exception as exc:
-        why = f"cannot import vLLM's DraftModelProposer ({exc})"
-    if why:
-        logger.warning("vllm-specplug: zero-cost fallback disabled: %s; the draft model's "
-                       "first pass runs at K=0 as in vLLM", why)
-    _INSTALLED["result"] = why
-    return why
+    return install_once(PATCH_NAME, _proposer_class,
+                        {"__init__": _wrap_init, "propose": _wrap},
+                        "zero-cost fallback disabled: the draft model's first pass runs at "
+                        "K=0 as in vLLM", check=_check)
 
 
 def set_enabled(proposer, on: bool) -> bool:

@@ -41,7 +41,6 @@ import sys
 logger = logging.getLogger("vllm.specplug")
 
 PATCH_NAME = "kernel_override_scan"
-_INSTALLED: dict[str, object] = {}
 
 
 def _unreadable_namespace(module) -> bool:
@@ -72,27 +71,19 @@ def _wrap(rebind):
         finally:
             sys.modules.update(hidden)
 
-    rebind_kernels._specplug_patch = PATCH_NAME
     return rebind_kernels
+
+
+def _dispatcher():
+    from vllm.triton_utils import dispatcher
+
+    return dispatcher
 
 
 def install() -> str | None:
     """Wrap ``_rebind_kernels``; returns why not, or None when done.  Idempotent."""
-    if "result" in _INSTALLED:
-        return _INSTALLED["result"]  # type: ignore[return-value]
-    why = None
-    try:
-        from vllm.triton_utils import dispatcher
+    from vllm_specplug.patches import install_once
 
-        rebind = getattr(dispatcher, "_rebind_kernels", None)
-        if rebind is None:
-            why = "vllm.triton_utils.dispatcher has no _rebind_kernels"
-        elif getattr(rebind, "_specplug_patch", None) != PATCH_NAME:
-            dispatcher._rebind_kernels = _wrap(rebind)
-    except Exception as exc:  # noqa: BLE001 - any import problem: leave vLLM alone
-        why = f"cannot import vllm.triton_utils.dispatcher ({exc})"
-    if why:
-        logger.warning("vllm-specplug: %s; if numba is imported, a second CPU engine in "
-                       "this process may fail to start", why)
-    _INSTALLED["result"] = why
-    return why
+    return install_once(PATCH_NAME, _dispatcher, {"_rebind_kernels": _wrap},
+                        "if numba is imported, a second CPU engine in this process may "
+                        "fail to start")

@@ -38,8 +38,8 @@ When it can go
     response begins, on every model runner.
 
 If ``SamplingParams`` has no ``_verify_extra_args``, ``install()`` logs one
-warning and changes nothing (streaming requests then get the error in the
-stream, as without the plugin).
+warning and changes nothing (the scheduler then logs a bad value and uses
+the server ceiling for that request).
 """
 
 from __future__ import annotations
@@ -49,7 +49,6 @@ import logging
 logger = logging.getLogger("vllm.specplug")
 
 PATCH_NAME = "request_args_check"
-_INSTALLED: dict[str, str | None] = {}
 
 
 def _wrap(original):
@@ -67,28 +66,19 @@ def _wrap(original):
         except SpecPlugRequestError as exc:
             raise VLLMValidationError(str(exc), parameter="vllm_xargs") from None
 
-    _verify_extra_args.__wrapped__ = original
-    _verify_extra_args._specplug_patch = PATCH_NAME
     return _verify_extra_args
+
+
+def _sampling_params():
+    from vllm.sampling_params import SamplingParams
+
+    return SamplingParams
 
 
 def install() -> str | None:
     """Wrap ``SamplingParams._verify_extra_args``; returns why not, or None when done."""
-    if PATCH_NAME in _INSTALLED:
-        return _INSTALLED[PATCH_NAME]
-    why = None
-    try:
-        from vllm.sampling_params import SamplingParams
+    from vllm_specplug.patches import install_once
 
-        original = getattr(SamplingParams, "_verify_extra_args", None)
-        if original is None:
-            why = "vLLM's SamplingParams has no _verify_extra_args"
-        elif getattr(original, "_specplug_patch", None) != PATCH_NAME:
-            SamplingParams._verify_extra_args = _wrap(original)
-    except Exception as exc:
-        why = f"cannot patch vLLM's SamplingParams ({exc})"
-    if why:
-        logger.warning("vllm-specplug: %s; a bad specplug_* value in a streaming request is "
-                       "reported inside the stream rather than as HTTP 400", why)
-    _INSTALLED[PATCH_NAME] = why
-    return why
+    return install_once(PATCH_NAME, _sampling_params, {"_verify_extra_args": _wrap},
+                        "bad specplug_* values are not rejected before they reach the "
+                        "engine (which then uses the server ceiling for them)")

@@ -16,7 +16,8 @@ What it changes
     the engine uses vllm_specplug's scheduler with a speculative config,
     ``profiling.profile_for_engine`` runs dummy steps through
     ``self.model_executor`` (a cached profile is checked with two shapes
-    instead) and leaves the table where the scheduler looks it up.  Nothing
+    instead) and attaches the table to the KV cache config the scheduler is
+    built from.  Nothing
     of vLLM's body is copied.  A failure of the measurement (other than a
     bad ``profile`` path, which stops start-up naming the key) is logged
     once and the scheduler prices from parameter counts.
@@ -41,29 +42,21 @@ import traceback
 logger = logging.getLogger("vllm.specplug")
 
 PATCH_NAME = "startup_profile"
-_INSTALLED: dict[str, object] = {}
+
+
+def _engine_core():
+    from vllm.v1.engine.core import EngineCore
+
+    return EngineCore
 
 
 def install() -> str | None:
     """Wrap the method once per process; returns why not, or None."""
-    if "result" in _INSTALLED:
-        return _INSTALLED["result"]  # type: ignore[return-value]
-    why = None
-    try:
-        from vllm.v1.engine.core import EngineCore
+    from vllm_specplug.patches import install_once
 
-        original = getattr(EngineCore, "_initialize_kv_caches", None)
-        if original is None:
-            why = "EngineCore._initialize_kv_caches is missing"
-        else:
-            EngineCore._initialize_kv_caches = _wrap(original)
-    except Exception as exc:  # pragma: no cover - a changed vLLM
-        why = f"vLLM's engine core is not importable ({exc})"
-    if why:
-        logger.warning("vllm-specplug: no start-up step-cost profile (%s); the policy prices "
-                       "steps from parameter counts", why)
-    _INSTALLED["result"] = why
-    return why
+    return install_once(PATCH_NAME, _engine_core, {"_initialize_kv_caches": _wrap},
+                        "no start-up step-cost profile: the policy prices steps from "
+                        "parameter counts")
 
 
 def _wrap(original):
@@ -82,5 +75,4 @@ def _wrap(original):
                            "prices steps from parameter counts:\n%s", traceback.format_exc())
         return kv_cache_config
 
-    _initialize_kv_caches._specplug_wrapped = True
     return _initialize_kv_caches
