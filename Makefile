@@ -28,9 +28,9 @@ test-fast: venv
 	$(BIN)/python -m pytest -q tests/test_controller.py tests/test_config.py
 
 demo: venv
-	$(BIN)/python -m vllm_specplug.models fetch qwen-coder-pair
-	$(BIN)/python -m vllm_specplug.datasets fetch humaneval sharegpt
-	$(BIN)/python -m vllm_specplug.demo
+	$(BIN)/python -m vllm_specplug.tools.models fetch qwen-coder-pair
+	$(BIN)/python -m vllm_specplug.tools.datasets fetch humaneval sharegpt
+	$(BIN)/python -m vllm_specplug.tools.demo
 
 clean:
 	rm -rf $(VENV) *.egg-info

@@ -26,6 +26,6 @@ setup(
     },
     entry_points={
         "vllm.general_plugins": ["specplug = vllm_specplug.plugin:register"],
-        "console_scripts": ["vllm-specplug = vllm_specplug.cli:main"],
+        "console_scripts": ["vllm-specplug = vllm_specplug.tools.cli:main"],
     },
 )

@@ -8,7 +8,7 @@ run measures a *fresh* controller.  This script replays that shape in the
 simulator's `cpu-qwen` profile (step times calibrated on this machine: plain
 0.31 s, K=1 0.76 s, K=8 3.9 s; zero-cost fallback on), with the real
 `SpecController` started from a step-cost profile measured on the same
-simulated clock (`vllm_specplug.sim.profile`), for an easy (draft acceptance
+simulated clock (`vllm_specplug.tools.sim.profile`), for an easy (draft acceptance
 0.95) and a hard (0.3) request stream, and prints goodput over plain
 decoding per run, averaged over seeds.  Step times run on the simulator's
 `StepClock`: noise, rare stalls, and slow first steps of shapes the profile
@@ -24,9 +24,9 @@ import argparse
 
 import numpy as np
 
-from vllm_specplug.sim.clock import Realism, StepClock
-from vllm_specplug.sim.cost import make_setup
-from vllm_specplug.sim.engine import Controller
+from vllm_specplug.tools.sim.clock import Realism, StepClock
+from vllm_specplug.tools.sim.cost import make_setup
+from vllm_specplug.tools.sim.engine import Controller
 
 
 def run(alpha: float, runs: int, seed: int, requests: int = 2, tokens: int = 32,

@@ -1,7 +1,7 @@
 """Score the acceptance estimator on recorded decision traces of real vLLM.
 
 A decision trace (``additional_config["specplug"]["trace_path"]``, written
-by every adaptive arm of ``python -m vllm_specplug.bench --served --trace``)
+by every adaptive arm of ``python -m vllm_specplug.tools.bench --served --trace``)
 holds, step by step, the requests in the batch and what vLLM verified for
 each: drafts offered and accepted.  This replays those outcomes, in order,
 through the estimator of the checkout it runs from and asks, before each

@@ -12,7 +12,7 @@ decoding for that request only.
 import os
 import sys
 
-from vllm_specplug.models import is_cached, model_path
+from vllm_specplug.tools.models import is_cached, model_path
 
 
 def main() -> None:

@@ -55,7 +55,7 @@ def with_fixed_profile(specplug: dict | None) -> dict:
 
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory):
-    from vllm_specplug.testing import make_tiny_models
+    from vllm_specplug.tools.testing import make_tiny_models
 
     return make_tiny_models(tmp_path_factory.mktemp("tiny-models"))
 
@@ -91,7 +91,7 @@ def scheduler_of(llm):
 
 
 def shutdown(llm):
-    from vllm_specplug.testing import shutdown_llm
+    from vllm_specplug.tools.testing import shutdown_llm
 
     shutdown_llm(llm)
 

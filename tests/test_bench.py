@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from vllm_specplug.bench import report
-from vllm_specplug.bench.runner import RunResult
+from vllm_specplug.tools.bench import report
+from vllm_specplug.tools.bench.runner import RunResult
 
 
 def run(setup, workload, c, policy, tok_s, rep=0):
@@ -44,7 +44,7 @@ def test_report_ratios_and_targets():
 
 @pytest.fixture(scope="module")
 def bench_out(tmp_path_factory):
-    from vllm_specplug.bench.__main__ import main
+    from vllm_specplug.tools.bench.__main__ import main
 
     out = tmp_path_factory.mktemp("bench")
     rc = main(["--setups", "tiny", "--workloads", "easy,hard", "--concurrency", "1",
@@ -67,8 +67,8 @@ def test_bench_runs_end_to_end_and_checks_outputs(bench_out):
 
 
 def test_bench_reports_a_mismatch_loudly(tmp_path, monkeypatch, bench_out):
-    from vllm_specplug.bench import __main__ as bench_main
-    from vllm_specplug.bench import runner
+    from vllm_specplug.tools.bench import __main__ as bench_main
+    from vllm_specplug.tools.bench import runner
 
     real = runner.run_cell
 
@@ -93,7 +93,7 @@ def test_mismatches_that_static_k_shares_are_told_apart_from_the_policys():
     # greedy output at near ties, and every policy that verifies drafts with
     # it; that must not read as the adaptive policy's fault, and anything
     # else must.
-    from vllm_specplug.bench.__main__ import mark_static_k_mismatches
+    from vllm_specplug.tools.bench.__main__ import mark_static_k_mismatches
 
     def mm(policy, requests, rep=0, workload="prose"):
         return dict(setup="qwen", workload=workload, concurrency=1, policy=policy, rep=rep,
@@ -113,8 +113,8 @@ def test_mismatches_that_static_k_shares_are_told_apart_from_the_policys():
 
 
 def test_mismatches_explained_by_static_k_are_one_note_not_an_alarm():
-    from vllm_specplug.bench.__main__ import numerics_note
-    from vllm_specplug.bench.setups import SETUPS
+    from vllm_specplug.tools.bench.__main__ import numerics_note
+    from vllm_specplug.tools.bench.setups import SETUPS
 
     ms = [dict(setup="qwen", workload="prose", concurrency=1, policy=p, rep=0, requests=[1],
                also_under_static_k=True) for p in ("static-K4", "goodput", "static-K2")]

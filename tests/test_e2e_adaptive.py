@@ -12,7 +12,7 @@ import pytest
 
 from conftest import (CEILING, drafted_per_step, greedy, make_llm, scheduler_of,
                       shutdown, token_ids)
-from vllm_specplug.testing import prompt
+from vllm_specplug.tools.testing import prompt
 
 PROMPTS = [prompt(i) for i in range(6)]
 LONG = 96

@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 from conftest import greedy, make_llm, shutdown, token_ids
-from vllm_specplug.testing import (easy_prompt, hard_prompt, make_successor_models, prompt,
+from vllm_specplug.tools.testing import (easy_prompt, hard_prompt, make_successor_models, prompt,
                                    repetitive_prompt)
 
 PROMPTS = [prompt(i) for i in range(4)] + [repetitive_prompt(i) for i in range(4)]

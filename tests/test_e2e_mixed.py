@@ -1,6 +1,6 @@
 """Easy and hard requests in one batch: K is chosen per request.
 
-Uses the successor models (``vllm_specplug.testing.make_successor_models``):
+Uses the successor models (``vllm_specplug.tools.testing.make_successor_models``):
 their greedy text is known in advance, so "easy" requests (a short cycle
 the model continues) draft well with n-gram lookup and with
 ``copy_draft_half``, and "hard" requests (a long cycle whose words appear
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from conftest import CEILING, drafted_per_step, greedy, make_llm, shutdown, token_ids
-from vllm_specplug.testing import easy_prompt, hard_prompt, make_successor_models
+from vllm_specplug.tools.testing import easy_prompt, hard_prompt, make_successor_models
 
 LONG = 64
 PROMPTS = [easy_prompt(i) if i % 2 == 0 else hard_prompt(i) for i in range(8)]

@@ -11,7 +11,7 @@ decision in ``SchedulerOutput``, and greedy output equals plain decoding.
 import pytest
 
 from conftest import CEILING, greedy, make_llm, scheduler_of, shutdown, token_ids
-from vllm_specplug.testing import prompt
+from vllm_specplug.tools.testing import prompt
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("ray", reason="the [ray] extra is not installed")

@@ -14,7 +14,7 @@ import random
 import pytest
 
 from conftest import CEILING, make_llm, scheduler_of, shutdown
-from vllm_specplug.testing import VOCAB_WORDS
+from vllm_specplug.tools.testing import VOCAB_WORDS
 
 MAX_MODEL_LEN = 256
 ENGINE = dict(max_model_len=MAX_MODEL_LEN, max_num_batched_tokens=96, block_size=32,

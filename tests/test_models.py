@@ -5,7 +5,7 @@ import zipfile
 
 import pytest
 
-from vllm_specplug import models
+from vllm_specplug.tools import models
 
 
 def fake_spec(tmp_path, parts, sha):

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_specplug.sim.engine import CellSpec
-from vllm_specplug.sim.report import run_sweep
+from vllm_specplug.tools.sim.engine import CellSpec
+from vllm_specplug.tools.sim.report import run_sweep
 
 ray = pytest.importorskip("ray", reason="the [ray] extra is not installed")
 
@@ -67,7 +67,7 @@ def ray_cluster(tmp_path_factory):
 
 
 def _cli(args, out):
-    cmd = [sys.executable, "-m", "vllm_specplug.sim", *args, "--out", str(out)]
+    cmd = [sys.executable, "-m", "vllm_specplug.tools.sim", *args, "--out", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads((out / "results.json").read_text())
@@ -82,7 +82,7 @@ def test_sim_cli_on_a_running_cluster_equals_serial(ray_cluster, tmp_path):
 
 
 def test_missing_ray_is_a_clear_error(monkeypatch):
-    import vllm_specplug.sweeps as sweeps
+    import vllm_specplug.tools.sweeps as sweeps
 
     def no_ray():
         raise sweeps.RayUnavailable("--ray needs Ray: pip install 'vllm-specplug[ray]'")
@@ -96,7 +96,7 @@ def test_bench_setups_as_ray_tasks(tmp_path):
     """The benchmark with --ray: each setup is one Ray task holding the
     machine's CPUs (its engines start inside the task); outputs are still
     checked against plain decoding and the report is written here."""
-    from vllm_specplug.bench.__main__ import main
+    from vllm_specplug.tools.bench.__main__ import main
 
     out = tmp_path / "bench"
     rc = main(["--ray", "--setups", "tiny", "--workloads", "easy,hard", "--concurrency", "1",

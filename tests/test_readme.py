@@ -71,7 +71,7 @@ def test_readme_command(cmd, tmp_path):
         return
     exe = [str(BIN / "vllm-specplug")] if argv[0] == "vllm-specplug" else [sys.executable]
     rest = argv[1:]
-    from vllm_specplug.models import MODELS
+    from vllm_specplug.tools.models import MODELS
 
     if rest[:2] in (["models", "list"], ["data", "list"]):
         r = subprocess.run(exe + rest, capture_output=True, text=True, timeout=120)
@@ -105,7 +105,7 @@ def _check_models_path(argv: list[str], key: str, cache) -> None:
     own cache holds, both answers are checked."""
     import os
 
-    from vllm_specplug.models import model_path
+    from vllm_specplug.tools.models import model_path
 
     env = {**os.environ, "VLLM_SPECPLUG_CACHE": str(cache)}
     r = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)

@@ -10,8 +10,8 @@ import json
 import pytest
 import yaml
 
-from vllm_specplug import models
-from vllm_specplug.serve import resolve_model_keys
+from vllm_specplug.tools import models
+from vllm_specplug.tools.models import resolve_model_keys
 
 
 @pytest.fixture

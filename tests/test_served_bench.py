@@ -1,4 +1,4 @@
-"""The served benchmark (``python -m vllm_specplug.bench --served``): the report
+"""The served benchmark (``python -m vllm_specplug.tools.bench --served``): the report
 on made-up runs, then the whole mode end to end on the tiny models: real
 ``vllm-specplug serve`` processes driven by vLLM's own ``vllm bench serve``.
 Speed is not checked here; that is what the benchmark itself is for."""
@@ -10,7 +10,7 @@ import statistics
 
 import pytest
 
-from vllm_specplug.bench import served, served_report
+from vllm_specplug.tools.bench import served, served_report
 
 
 def run(arm, tok_s, workload="humaneval", kind="c", c=1, texts=("a", "b")):

@@ -1,4 +1,4 @@
-"""The simulator (vllm_specplug.sim): no vLLM, no engine, seconds.
+"""The simulator (vllm_specplug.tools.sim): no vLLM, no engine, seconds.
 
 - the roofline cost model turns from memory-bound to compute-bound;
 - static K loses to plain decoding above a crossover batch size;
@@ -16,7 +16,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from vllm_specplug.sim.cost import (
+from vllm_specplug.tools.sim.cost import (
     MODELS,
     batch_table,
     crossover_batch,
@@ -24,9 +24,9 @@ from vllm_specplug.sim.cost import (
     table_lookup,
     typical_context,
 )
-from vllm_specplug.sim.engine import CellSpec, record_trace, run_cell
-from vllm_specplug.sim.report import aggregate, run_sweep, summarize
-from vllm_specplug.sim.trace import TraceError, read_trace, write_trace
+from vllm_specplug.tools.sim.engine import CellSpec, record_trace, run_cell
+from vllm_specplug.tools.sim.report import aggregate, run_sweep, summarize
+from vllm_specplug.tools.sim.trace import TraceError, read_trace, write_trace
 
 GPU_SETUPS = ("70b-1b", "8b-eagle")
 SCENARIOS = ("easy", "hard", "mixed", "drift", "switch")
@@ -90,7 +90,7 @@ def test_zero_cost_fallback_removes_the_draft_pass_at_k0():
 def test_zero_cost_fallback_pays_the_catch_up_when_drafting_resumes():
     # The plugin's zero-cost fallback skips the draft at K_step=0 and, before
     # it drafts again, runs it over every token it skipped.
-    from vllm_specplug.sim.engine import Engine, Policy, setup_for
+    from vllm_specplug.tools.sim.engine import Engine, Policy, setup_for
 
     class SixPlainThenRunTheDraft(Policy):
         # K_step 1 from the seventh step, keeping no drafts: every drafting
@@ -118,7 +118,7 @@ def test_zero_cost_fallback_pays_the_catch_up_when_drafting_resumes():
 
 
 def test_gpu_passes_run_padded_to_vllms_capture_sizes():
-    from vllm_specplug.sim.cost import vllm_capture_sizes
+    from vllm_specplug.tools.sim.cost import vllm_capture_sizes
 
     plain = vllm_capture_sizes(1, 512, 8192)
     assert plain[:5] == (1, 2, 4, 8, 16) and plain[-1] == 512
@@ -140,7 +140,7 @@ def test_gpu_passes_run_padded_to_vllms_capture_sizes():
 
 
 def test_the_clock_has_cold_shapes_stalls_and_unbiased_noise():
-    from vllm_specplug.sim.clock import Realism, StepClock
+    from vllm_specplug.tools.sim.clock import Realism, StepClock
 
     clock = StepClock(Realism(noise=0.0, stall_prob=0.0), np.random.default_rng(0))
     times = [clock.seconds(1.0, 100, False) for _ in range(4)]
@@ -159,9 +159,9 @@ def test_the_clock_has_cold_shapes_stalls_and_unbiased_noise():
 
 def test_the_profile_is_measured_like_the_plugin_and_warms_its_shapes():
     from vllm_specplug.profiling import ROUNDS
-    from vllm_specplug.sim.clock import Realism, StepClock
-    from vllm_specplug.sim.cost import StepCost
-    from vllm_specplug.sim.profile import measure_profile
+    from vllm_specplug.tools.sim.clock import Realism, StepClock
+    from vllm_specplug.tools.sim.cost import StepCost
+    from vllm_specplug.tools.sim.profile import measure_profile
 
     s = make_setup("70b-1b")
     cost = StepCost(s)
@@ -187,7 +187,7 @@ def test_the_profile_is_measured_like_the_plugin_and_warms_its_shapes():
 
 
 def test_drafts_planned_in_a_step_are_verified_in_the_next():
-    from vllm_specplug.sim.engine import Engine, Policy, setup_for
+    from vllm_specplug.tools.sim.engine import Engine, Policy, setup_for
 
     class ThreeOnceThenNone(Policy):
         calls = 0
@@ -413,7 +413,7 @@ def test_trace_errors_name_the_line(tmp_path):
 
 # -- CLI and calibration ----------------------------------------------------------------
 def test_cli_writes_table_json_and_plot(tmp_path, capsys):
-    from vllm_specplug.sim.__main__ import main
+    from vllm_specplug.tools.sim.__main__ import main
 
     rc = main(["--setup", "8b-eagle", "--scenarios", "easy,hard", "--concurrency", "1,4",
                "--policies", "plain,static-2,goodput,oracle", "--seeds", "1", "--measure", "0.5",
@@ -429,7 +429,7 @@ def test_cli_writes_table_json_and_plot(tmp_path, capsys):
 
 
 def test_cpu_calibration_error_is_stated_and_small():
-    from vllm_specplug.sim.calibration import calibration_report
+    from vllm_specplug.tools.sim.calibration import calibration_report
 
     rows = calibration_report(seeds=8)
     assert len(rows) == 9

@@ -23,7 +23,7 @@ import pytest
 
 from conftest import (CEILING, acceptance, greedy, make_llm, run_with_forced_fallback,
                       scheduler_of, shutdown, token_ids)
-from vllm_specplug.testing import prompt, worker_draft_stats
+from vllm_specplug.tools.testing import prompt, worker_draft_stats
 
 TP_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "0|1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
 PROMPTS = [prompt(i) for i in range(4)]

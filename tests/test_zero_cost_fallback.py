@@ -14,7 +14,7 @@ import pytest
 from conftest import (acceptance, greedy, make_llm, run_with_forced_fallback,
                       scheduler_of, shutdown, token_ids)
 from vllm_specplug.patches import draft_model_skip
-from vllm_specplug.testing import prompt
+from vllm_specplug.tools.testing import prompt
 
 CEILING = 4
 

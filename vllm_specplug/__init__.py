@@ -4,7 +4,7 @@ Select the scheduler with ``--scheduler-cls vllm_specplug.AdaptiveSpecScheduler`
 Importing this package is cheap: the vLLM adapter is imported on first use.
 """
 
-__version__ = "0.1.0"
+from vllm_specplug.version import __version__
 
 __all__ = ["AdaptiveSpecScheduler", "__version__"]
 

@@ -26,7 +26,7 @@ def register() -> None:
         # Tests use this to see which processes vLLM loaded the plugin in.
         with open(marker, "a") as f:
             f.write(f"{os.getpid()}\n")
-    from vllm_specplug import compat
+    import vllm_specplug.compat as compat
 
     version = compat.vllm_version()
     missing = compat.probe()
@@ -47,7 +47,7 @@ def register() -> None:
 
     _STATE["patches"] = install_all()
     try:
-        from vllm_specplug import metrics_bridge
+        import vllm_specplug.metrics_bridge as metrics_bridge
 
         _STATE["metrics_bridge"] = metrics_bridge.register_collector()
     except Exception as exc:  # metrics must never stop vLLM from starting
@@ -63,7 +63,7 @@ def is_registered() -> bool:
 
 def missing_features() -> list[str]:
     if "missing" not in _STATE:
-        from vllm_specplug import compat
+        import vllm_specplug.compat as compat
 
         _STATE["missing"] = compat.probe()
     return list(_STATE["missing"])  # type: ignore[arg-type]

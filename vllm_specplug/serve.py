@@ -22,7 +22,8 @@ hands them to vLLM's CLI unchanged.  Two things are set up first:
   CPU build reserves about 90% of the machine's memory and refuses to start
   when that much is not free; on the CPU build, when it is unset, it is set
   to ``CPU_KVCACHE_GIB`` with a log line (set it to choose another size).
-- **Model cache keys.**  A target or draft model named by a key of the
+- **Model cache keys** (the CLI passes ``tools.models.resolve_model_keys``
+  as ``resolve``).  A target or draft model named by a key of the
   plugin's model cache (``vllm-specplug models list``), in ``--config``'s
   ``model`` and ``speculative-config.model``, in ``--model`` or the
   positional model, or in a ``--speculative-config`` JSON, is replaced by
@@ -35,7 +36,6 @@ hands them to vLLM's CLI unchanged.  Two things are set up first:
 from __future__ import annotations
 
 import importlib.metadata
-import json
 import os
 import shutil
 import sys
@@ -86,97 +86,16 @@ def prepare_prometheus_dir() -> str | None:
     return path
 
 
-def resolve_model(value, cache: str | None = None):
-    """A model cache key's folder, when ``value`` is a key and not a path."""
-    from vllm_specplug import models
-
-    if not isinstance(value, str) or os.path.exists(value) or value not in models.MODELS:
-        return value
-    if not models.is_cached(value, cache):
-        raise SystemExit(f"vllm-specplug serve: model {value!r} is a model-cache key that is "
-                         f"not fetched yet; fetch it once with:\n"
-                         f"  vllm-specplug models fetch {value}")
-    path = str(models.model_path(value, cache))
-    print(f"vllm-specplug serve: model {value!r} is {path} (model cache)", file=sys.stderr,
-          flush=True)
-    return path
-
-
-def resolve_spec(spec, cache=None):
-    """A speculative config with its ``model`` resolved as ``resolve_model`` does."""
-    if isinstance(spec, dict) and "model" in spec:
-        return dict(spec, model=resolve_model(spec["model"], cache))
-    return spec
-
-
-_VALUE_FLAGS = {"--config", "--model", "--speculative-config", "-sc"}
-
-
-def resolve_model_keys(argv: list[str], tmp_dir: str, cache: str | None = None) -> list[str]:
-    """``argv`` with model cache keys replaced by their folders (see the module doc).
-
-    A ``--config`` file that names keys is rewritten, resolved, into
-    ``tmp_dir``; the user's file is not touched.
-    """
-    out, i = [], 0
-    while i < len(argv):
-        arg = argv[i]
-        flag, eq, inline = arg.partition("=") if arg.startswith("--") else (arg, "", "")
-        if flag in _VALUE_FLAGS and (eq or i + 1 < len(argv)):
-            value = inline if eq else argv[i + 1]
-            i += 1 if eq else 2
-            if flag == "--config":
-                value = _resolve_config(value, tmp_dir, cache)
-            elif flag == "--model":
-                value = resolve_model(value, cache)
-            else:
-                try:
-                    spec = json.loads(value)
-                except ValueError:
-                    spec = None
-                resolved = resolve_spec(spec, cache)
-                if resolved is not spec:
-                    value = json.dumps(resolved)
-            out += [f"{flag}={value}"] if eq else [flag, value]
-            continue
-        if i == 0 and not arg.startswith("-"):
-            arg = resolve_model(arg, cache)  # vLLM's positional model tag comes first
-        out.append(arg)
-        i += 1
-    return out
-
-
-def _resolve_config(path: str, tmp_dir: str, cache: str | None) -> str:
-    import yaml
-
-    try:
-        with open(path) as f:
-            cfg = yaml.safe_load(f)
-    except OSError:
-        return path  # vLLM reports the missing file in its own words
-    if not isinstance(cfg, dict):
-        return path
-    resolved = dict(cfg)
-    if "model" in cfg:
-        resolved["model"] = resolve_model(cfg["model"], cache)
-    for key in ("speculative-config", "speculative_config"):
-        if key in cfg:
-            resolved[key] = resolve_spec(cfg[key], cache)
-    if resolved == cfg:
-        return path
-    out = os.path.join(tmp_dir, os.path.basename(path))
-    with open(out, "w") as f:
-        yaml.safe_dump(resolved, f, sort_keys=False)
-    return out
-
-
-def main(argv: list[str]) -> int:
+def main(argv: list[str], resolve=None) -> int:
+    """``vllm serve`` with ``argv``; ``resolve(argv, tmp_dir)`` may rewrite it first
+    (the CLI's model-cache keys: ``tools.models.resolve_model_keys``)."""
     cpu_build = install_version_shim()
     default_cpu_kvcache(cpu_build)
     made = prepare_prometheus_dir()
     tmp_dir = tempfile.mkdtemp(prefix="vllm-specplug-serve-")
     try:
-        argv = resolve_model_keys(argv, tmp_dir)
+        if resolve is not None:
+            argv = resolve(argv, tmp_dir)
         from vllm.entrypoints.cli.main import main as vllm_main
 
         sys.argv = ["vllm", "serve", *argv]

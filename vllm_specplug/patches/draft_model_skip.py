@@ -488,6 +488,13 @@ def install() -> str | None:
                         "K=0 as in vLLM", check=_check)
 
 
+def reset_worker(worker) -> None:
+    """Worker side, after the start-up profile's dummy steps: forget the stale marks."""
+    drafter = getattr(getattr(worker, "model_runner", None), "drafter", None)
+    if drafter is not None and "_specplug_skip" in drafter.__dict__:
+        set_enabled(drafter, True)
+
+
 def set_enabled(proposer, on: bool) -> bool:
     """Switch skipping on or off for one proposer (benchmarks compare both).
 

@@ -63,11 +63,15 @@ def _wrap(original):
     @functools.wraps(original)
     def _initialize_kv_caches(self, vllm_config, *args, **kwargs):
         kv_cache_config = original(self, vllm_config, *args, **kwargs)
-        from vllm_specplug import profiling
+        import vllm_specplug.profiling as profiling
+        from vllm_specplug.patches import draft_model_skip
         from vllm_specplug.config import SpecPlugConfigError
 
         try:
-            profiling.profile_for_engine(self.model_executor, vllm_config, kv_cache_config)
+            executor = self.model_executor
+            profiling.profile_for_engine(
+                executor, vllm_config, kv_cache_config,
+                reset_workers=lambda: executor.collective_rpc(draft_model_skip.reset_worker))
         except SpecPlugConfigError:
             raise
         except Exception:

@@ -1,1 +1,0 @@
-"""Benchmark suite: `python -m vllm_specplug.bench` (see benchmarks/README.md)."""

@@ -1,0 +1,1 @@
+"""Benchmark suite: `python -m vllm_specplug.tools.bench` (see benchmarks/README.md)."""

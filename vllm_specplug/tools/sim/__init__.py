@@ -1,0 +1,12 @@
+"""A simulator that drives the real controller at GPU scale.
+
+No vLLM import: a roofline step-cost model (``cost``), acceptance processes
+and request sources (``scenarios``, ``trace``), a discrete-step engine
+(``engine``), and the sweep, tables and plots (``report``).
+``python -m vllm_specplug.tools.sim --help`` runs it; ``benchmarks/SIMULATOR.md``
+explains it.
+"""
+
+from vllm_specplug.tools.sim.engine import POLICIES, CellSpec, record_trace, run_cell
+
+__all__ = ["POLICIES", "CellSpec", "record_trace", "run_cell"]

@@ -1,0 +1,428 @@
+"""The sweep, its summary (crossover, regret), a Markdown table, PNGs, JSON."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from vllm_specplug.tools.sim.cost import (
+    batch_table,
+    crossover_batch,
+    describe,
+    make_setup,
+    typical_context,
+)
+from vllm_specplug.tools.sim.engine import POLICIES, STATIC_KS, CellSpec, run_cell
+
+BASELINES = ("plain",) + tuple(f"static-{k}" for k in STATIC_KS)
+TARGET_RATIO = 0.97
+
+
+def cell_specs(setups, scenarios, policies, concurrency, seeds, **opts) -> list[CellSpec]:
+    specs = []
+    for setup in setups:
+        cap = make_setup(setup, gpu=opts.get("gpu", "h200")).max_concurrency
+        for scenario in scenarios:
+            for c in concurrency:
+                if c > cap:
+                    continue
+                for policy in policies:
+                    for seed in range(seeds):
+                        specs.append(CellSpec(setup, scenario, policy, c, seed, **opts))
+    return specs
+
+
+def _cost_rank(spec: CellSpec) -> float:
+    heavy = spec.policy in ("goodput", "heuristic") or spec.policy.startswith("ctrl-")
+    return -(spec.concurrency * (20 if heavy else 1)) * (spec.warmup + spec.measure)
+
+
+def run_sweep(specs: list[CellSpec], jobs: int = 1, progress: bool = True,
+              ray_address: str | None = None) -> list[dict]:
+    """Map ``run_cell`` over ``specs`` (in parallel with ``jobs`` > 1, or as
+    Ray tasks when ``ray_address`` is given: ``"local"``, ``"auto"`` or
+    ``HOST:PORT``, see ``vllm_specplug.tools.sweeps``); results come back in the
+    order of ``specs``, the same whichever way they ran."""
+    order = sorted(range(len(specs)), key=lambda i: _cost_rank(specs[i]))
+    results: list[dict | None] = [None] * len(specs)
+    bar = _Progress(len(specs), progress)
+    if ray_address is not None:
+        from vllm_specplug.tools.sweeps import ray_map
+
+        # Heaviest first, as below, so the longest cells do not end last.
+        ordered = ray_map(run_cell, [specs[i] for i in order], address=ray_address,
+                          num_cpus=jobs if jobs > 1 else None,
+                          on_result=lambda j: bar.update(specs[order[j]]))
+        for i, r in zip(order, ordered):
+            results[i] = r
+    elif jobs <= 1:
+        for i in order:
+            results[i] = run_cell(specs[i])
+            bar.update(specs[i])
+    else:
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            futures = {i: pool.submit(run_cell, specs[i]) for i in order}
+            for i in order:
+                results[i] = futures[i].result()
+                bar.update(specs[i])
+    bar.close()
+    return results  # type: ignore[return-value]
+
+
+class _Progress:
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.total, self.done, self.enabled = total, 0, enabled
+        self.t0 = time.time()
+        self.bar = None
+        self.every = max(1, total // 20)
+        if enabled and sys.stderr.isatty():
+            try:
+                from tqdm import tqdm
+
+                self.bar = tqdm(total=total, unit="cell", file=sys.stderr)
+            except ImportError:
+                pass
+
+    def update(self, spec: CellSpec) -> None:
+        self.done += 1
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.set_postfix_str(f"{spec.setup} {spec.scenario} c={spec.concurrency}",
+                                     refresh=False)
+            self.bar.update(1)
+            return
+        if self.done % self.every and self.done != self.total:
+            return
+        el = time.time() - self.t0
+        eta = el / self.done * (self.total - self.done)
+        print(f"[sim] {self.done}/{self.total} cells, {el:.0f}s elapsed, ~{eta:.0f}s left "
+              f"(last: {spec.setup} {spec.scenario} {spec.policy} c={spec.concurrency})",
+              file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+# -- summary ---------------------------------------------------------------------
+def aggregate(results: list[dict]) -> dict:
+    """Mean goodput over seeds per (setup, scenario, concurrency, policy)."""
+    acc: dict = {}
+    for r in results:
+        key = (r["setup"], r["scenario"], r["concurrency"], r["policy"])
+        acc.setdefault(key, []).append(r)
+    out: dict = {}
+    for (setup, scen, c, pol), rs in acc.items():
+        g = [x["goodput"] for x in rs]
+        out.setdefault(setup, {}).setdefault(scen, {}).setdefault(c, {})[pol] = {
+            "goodput": float(np.mean(g)),
+            "goodput_sd": float(np.std(g)),
+            "mean_k": float(np.mean([x["mean_k"] for x in rs])),
+            "mean_k_step": float(np.mean([x["mean_k_step"] for x in rs])),
+            "seeds": len(rs),
+        }
+    return out
+
+
+def summarize(agg: dict) -> dict:
+    rows, crossover = [], {}
+    for setup, scens in agg.items():
+        for scen, by_c in scens.items():
+            cs = sorted(by_c)
+            for c in cs:
+                p = by_c[c]
+                if "plain" not in p:
+                    continue
+                statics = {k: p[f"static-{k}"]["goodput"] for k in STATIC_KS
+                           if f"static-{k}" in p}
+                best_k = max(statics, key=statics.get) if statics else None
+                best_static = statics[best_k] if statics else 0.0
+                ref = max(p["plain"]["goodput"], best_static)
+                row = {"setup": setup, "scenario": scen, "concurrency": c,
+                       "plain": p["plain"]["goodput"], "best_static_k": best_k,
+                       "best_static": best_static, "reference": ref}
+                for pol in ("table", "heuristic", "goodput", "oracle"):
+                    if pol in p:
+                        row[pol] = p[pol]["goodput"]
+                        row[f"{pol}_vs_ref"] = p[pol]["goodput"] / ref
+                if "goodput" in p and "oracle" in p:
+                    row["regret"] = 1.0 - p["goodput"]["goodput"] / p["oracle"]["goodput"]
+                    row["oracle_vs_ref"] = p["oracle"]["goodput"] / ref
+                if "goodput" in p:
+                    row["goodput_mean_k"] = p["goodput"]["mean_k"]
+                    row["goodput_mean_k_step"] = p["goodput"]["mean_k_step"]
+                    row["ok"] = row["goodput_vs_ref"] >= TARGET_RATIO
+                rows.append(row)
+            for k in STATIC_KS:
+                pol = f"static-{k}"
+                if not all(pol in by_c[c] and "plain" in by_c[c] for c in cs):
+                    continue
+                loses = [by_c[c][pol]["goodput"] < by_c[c]["plain"]["goodput"] for c in cs]
+                first = None
+                for i in range(len(cs)):
+                    if all(loses[i:]):
+                        first = cs[i]
+                        break
+                crossover.setdefault(setup, {}).setdefault(scen, {})[k] = first
+    return {"rows": rows, "crossover": crossover}
+
+
+def analytic_crossover(setup_key: str, gpu: str, draft_at_k0: bool) -> dict:
+    s = make_setup(setup_key, gpu=gpu, draft_at_k0=draft_at_k0)
+    out = {}
+    for name, alpha in (("easy", s.acceptance.easy), ("hard", s.acceptance.hard)):
+        out[name] = {k: crossover_batch(s, k, alpha) for k in STATIC_KS}
+    return out
+
+
+# -- Markdown ----------------------------------------------------------------------
+def _f(x, nd=2):
+    return "-" if x is None else f"{x:.{nd}f}"
+
+
+def markdown(meta: dict, setups: dict, agg: dict, summary: dict, tables: dict,
+             analytic: dict, calibration: list[dict] | None) -> str:
+    L = ["# Simulator results", ""]
+    L.append(f"Generated by `{meta['command']}` on {meta['date']} in {meta['runtime_s']:.0f} s "
+             f"(controller source sha256 `{meta['controller_sha'][:12]}`, "
+             f"git `{meta['git']}`{'; ' + meta['warning'] if meta.get('warning') else ''}). "
+             "Goodput = output tokens per simulated second, "
+             f"mean of {meta['seeds']} seed(s); each cell measured between request "
+             f"completions: after {meta['warmup']} generation(s) of `concurrency` requests, "
+             f"over the next {meta['measure']} (at least {meta['min_window']} completions).")
+    if meta.get("realism", True):
+        L.append("Clock: lognormal noise, 0.5% of steps stalled 5x, the first "
+                 f"{meta.get('cold_steps', 2)} steps of each new step shape (drafting or not, "
+                 "power-of-two band of scheduled tokens) 3x; the controller's profile "
+                 "measurement (and the oracle's engine) warms the shapes it times.")
+    else:
+        L.append("Clock: lognormal noise only (no cold first steps, no stalls).")
+    L.append("")
+    L.append("| setup | device | TP | target (GB read/pass) | draft (GB read/pass) | "
+             "KV/token target | ridge (tokens/pass) | K=0 draft pass | CUDA graphs | "
+             "requests in KV |")
+    L.append("|---|---|---|---|---|---|---|---|---|---|")
+    for key, d in setups.items():
+        L.append(f"| {key} | {d['device']} | {d['tp']} | {d['target']} "
+                 f"({d['target_weight_gb_read_per_pass']}) | {d['draft']} "
+                 f"({d['draft_weight_gb_read_per_pass']}) | {d['target_kv_kib_per_token']} KiB | "
+                 f"{d['ridge_tokens']} | {'runs (today)' if d['draft_at_k0'] else 'skipped'} | "
+                 f"{d.get('capture_sizes') or 'eager'} | {d['max_concurrency_in_kv']} |")
+    L.append("")
+    L.append("Requests in KV: how many full-length requests (prompt + output) the KV cache "
+             "holds at 90% memory; rows marked † exceed it (vLLM would cap the running batch "
+             "there; the simulator does not model preemption).")
+    L.append("")
+    if calibration:
+        L += ["## CPU calibration (cpu-qwen profile vs this machine)", "",
+              "| measured point | measured | simulated | error | fitted |", "|---|---|---|---|---|"]
+        for r in calibration:
+            L.append(f"| {r['point']} | {r['measured']:.3f} | {r['simulated']:.3f} | "
+                     f"{100 * r['error']:+.1f}% | "
+                     f"{'yes' if r['fitted'] else 'no (out of sample)'} |")
+        errs = [abs(r["error"]) for r in calibration]
+        fitted = [abs(r["error"]) for r in calibration if r["fitted"]]
+        L += ["", f"Median absolute error {100 * float(np.median(errs)):.1f}%, "
+              f"max {100 * max(errs):.1f}% (fitted points: median "
+              f"{100 * float(np.median(fitted)):.1f}%). The adaptive rows were measured with "
+              "the controller of that time and are simulated with this one (see "
+              "`vllm_specplug/tools/sim/calibration.py`).", ""]
+    rows = summary["rows"]
+    L += ["## Summary: goodput policy against the best fixed choice and the oracle", "",
+          "`goodput / ref`: goodput policy over max(plain, best static K) of the same cell "
+          f"(target >= {TARGET_RATIO}); regret: 1 - goodput / oracle.", "",
+          "| setup | scenario | min goodput/ref (at c) | cells < 0.97 | mean regret | "
+          "max regret (at c) |", "|---|---|---|---|---|---|"]
+    for setup in agg:
+        for scen in agg[setup]:
+            rs = [r for r in rows if r["setup"] == setup and r["scenario"] == scen
+                  and "goodput_vs_ref" in r]
+            if not rs:
+                continue
+            worst = min(rs, key=lambda r: r["goodput_vs_ref"])
+            bad = sum(1 for r in rs if not r["ok"])
+            reg = [r for r in rs if "regret" in r]
+            regs = " | -" * 2
+            if reg:
+                mx = max(reg, key=lambda r: r["regret"])
+                regs = (f" | {100 * np.mean([r['regret'] for r in reg]):.1f}% | "
+                        f"{100 * mx['regret']:.1f}% (c={mx['concurrency']})")
+            L.append(f"| {setup} | {scen} | {worst['goodput_vs_ref']:.3f} "
+                     f"(c={worst['concurrency']}) | {bad}/{len(rs)}{regs} |")
+    L.append("")
+    for setup in agg:
+        d = setups[setup]
+        L += [f"## {setup}: {d['label']}", ""]
+        L.append(f"vLLM batch table used by `table` (`num_speculative_tokens_per_batch_size`, "
+                 f"tuned offline on the mixed population): `{json.dumps(tables[setup])}`")
+        L.append("")
+        an = analytic.get(setup)
+        if an:
+            L.append("Crossover, analytic (decode-only steps, typical context): first batch size "
+                     "where static K loses to plain: " + "; ".join(
+                         f"{name} (alpha {d['acceptance'][name]}): " + ", ".join(
+                             f"K={k} {v if v is not None else '> 4096'}"
+                             for k, v in an[name].items())
+                         for name in ("easy", "hard")) + ".")
+            L.append("")
+        for scen in agg[setup]:
+            by_c = agg[setup][scen]
+            cross = summary["crossover"].get(setup, {}).get(scen, {})
+            L.append(f"### {setup} / {scen}")
+            L.append("")
+            pols = [p for p in POLICIES if any(p in by_c[c] for c in by_c)]
+            head = ["c", "plain tok/s"] + [p for p in pols if p != "plain"] + \
+                ["goodput/ref", "regret"]
+            L.append("| " + " | ".join(head) + " |")
+            L.append("|" + "---|" * len(head))
+            for c in sorted(by_c):
+                p = by_c[c]
+                plain = p.get("plain", {}).get("goodput")
+                over = c > d["max_concurrency_in_kv"]
+                cells = [f"{c}{' †' if over else ''}", _f(plain, 0)]
+                for pol in pols:
+                    if pol == "plain":
+                        continue
+                    g = p.get(pol, {}).get("goodput")
+                    cells.append("-" if g is None or not plain else f"{g / plain:.2f}x")
+                r = next((r for r in rows if r["setup"] == setup and r["scenario"] == scen
+                          and r["concurrency"] == c), {})
+                gv = r.get("goodput_vs_ref")
+                cells.append("-" if gv is None else (f"**{gv:.3f}**" if gv < TARGET_RATIO
+                                                     else f"{gv:.3f}"))
+                cells.append("-" if "regret" not in r else f"{100 * r['regret']:.1f}%")
+                L.append("| " + " | ".join(cells) + " |")
+            if cross:
+                L.append("")
+                L.append("Crossover (simulated; first c from which static K stays below plain): "
+                         + ", ".join(f"K={k}: {v if v is not None else 'never'}"
+                                     for k, v in cross.items()) + ".")
+            L.append("")
+    return "\n".join(L) + "\n"
+
+
+# -- plots --------------------------------------------------------------------------
+STYLE = {"plain": ("black", "-"), "static-1": ("#9ecae1", "--"), "static-2": ("#6baed6", "--"),
+         "static-4": ("#3182bd", "--"), "static-8": ("#08519c", "--"),
+         "table": ("#31a354", "-."), "heuristic": ("#fd8d3c", ":"),
+         "goodput": ("#d62728", "-"), "oracle": ("#7f7f7f", ":")}
+
+
+def plot(agg: dict, setups: dict, out: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    files = []
+    for setup, scens in agg.items():
+        names = list(scens)
+        fig, axes = plt.subplots(2, len(names), figsize=(3.6 * len(names), 6.4),
+                                 squeeze=False, sharex=True)
+        for j, scen in enumerate(names):
+            by_c = scens[scen]
+            cs = sorted(by_c)
+            for pol in POLICIES:
+                if not all(pol in by_c[c] for c in cs):
+                    continue
+                g = np.array([by_c[c][pol]["goodput"] for c in cs])
+                plain = np.array([by_c[c]["plain"]["goodput"] for c in cs])
+                color, ls = STYLE.get(pol, ("gray", "-"))
+                lw = 2.2 if pol == "goodput" else 1.2
+                axes[0, j].plot(cs, g, ls, color=color, lw=lw, label=pol, marker=".")
+                axes[1, j].plot(cs, g / plain, ls, color=color, lw=lw, label=pol, marker=".")
+            axes[0, j].set_title(scen)
+            axes[0, j].set_xscale("log", base=2)
+            axes[0, j].set_yscale("log")
+            axes[1, j].axhline(1.0, color="black", lw=0.6)
+            axes[1, j].set_xlabel("concurrency")
+            axes[0, j].grid(alpha=0.3)
+            axes[1, j].grid(alpha=0.3)
+        axes[0, 0].set_ylabel("goodput (output tok/s)")
+        axes[1, 0].set_ylabel("speedup vs plain")
+        axes[0, -1].legend(fontsize=7, loc="best")
+        fig.suptitle(setups[setup]["label"], fontsize=9)
+        fig.tight_layout()
+        path = out / f"{setup}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        files.append(path.name)
+    return files
+
+
+# -- provenance -----------------------------------------------------------------------
+def controller_sha() -> str:
+    root = Path(__file__).resolve().parents[1] / "controller"
+    h = hashlib.sha256()
+    for p in sorted(root.glob("*.py")):
+        h.update(p.name.encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def git_rev() -> str:
+    try:
+        root = Path(__file__).resolve().parents[2]
+        rev = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+                             capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain",
+                                "vllm_specplug/controller"], capture_output=True, text=True,
+                               timeout=10).stdout.strip()
+        return rev + ("+controller-modified" if dirty else "")
+    except Exception:
+        return "unknown"
+
+
+def write_outputs(out: Path, meta: dict, specs_opts: dict, results: list[dict],
+                  setups: list[str], calibration: list[dict] | None,
+                  plots: bool = True) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    gpu = specs_opts.get("gpu", "h200")
+    dk0 = specs_opts.get("draft_at_k0", True)
+    setup_objs = {k: make_setup(k, gpu=gpu, draft_at_k0=dk0, tp=specs_opts.get("tp"))
+                  for k in setups}
+    described = {k: describe(s) for k, s in setup_objs.items()}
+    tables = {k: batch_table(s, typical_context(s), [s.max_concurrency])
+              for k, s in setup_objs.items()}
+    agg = aggregate(results)
+    summary = summarize(agg)
+    analytic = {k: analytic_crossover(k, gpu, dk0) for k in setups}
+    files = plot(agg, described, out) if plots else []
+    md = markdown(meta, described, agg, summary, tables, analytic, calibration)
+    (out / "results.md").write_text(md)
+    doc = {"meta": meta, "setups": described, "batch_tables": tables,
+           "analytic_crossover": analytic, "calibration": calibration,
+           "summary": summary, "aggregate": {s: {sc: {str(c): v for c, v in bc.items()}
+                                                  for sc, bc in d.items()}
+                                              for s, d in agg.items()},
+           "cells": results, "plots": files}
+    (out / "results.json").write_text(json.dumps(doc, separators=(",", ":"),
+                                                 default=_jsonable) + "\n")
+    return doc
+
+
+def _jsonable(x):
+    if isinstance(x, (np.integer,)):
+        return int(x)
+    if isinstance(x, (np.floating,)):
+        return float(x)
+    return str(x)
+
+
+def meta_for(argv: list[str], opts: dict, runtime: float) -> dict:
+    return {"command": "python -m vllm_specplug.tools.sim " + " ".join(argv),
+            "date": time.strftime("%Y-%m-%d %H:%M"), "runtime_s": runtime,
+            "controller_sha": controller_sha(), "git": git_rev(),
+            "cpu_count": os.cpu_count(), **opts}
+
+
+__all__ = ["cell_specs", "run_sweep", "aggregate", "summarize", "write_outputs", "meta_for"]

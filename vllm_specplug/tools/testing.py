@@ -1,0 +1,277 @@
+"""Tiny models made offline in seconds, for tests and smoke runs.
+
+``make_tiny_models(folder)`` writes:
+
+- ``target``: a small random Llama with a word-level tokenizer built locally;
+- ``draft_bad``: the same architecture and tokenizer, other random weights,
+  so its drafts almost never agree with the target (acceptance ~0);
+- ``draft_mismatch``: a draft whose vocabulary differs (for error tests).
+
+The target used as its own draft gives acceptance ~1.
+
+``make_successor_models(folder)`` writes models whose greedy output is known
+in advance (each token is followed by ``successor[token]``), for tests that
+need easy and hard requests side by side:
+
+- ``copy_target``: words 0-299 form cycles of 6 (text that repeats, so
+  n-gram lookup and a good draft predict it), words 300-999 one long cycle;
+- ``copy_draft_half``: agrees with the target on the short cycles only, so
+  its acceptance is ~1 on ``easy_prompt`` requests and ~0 on ``hard_prompt``.
+
+Nothing is fetched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+VOCAB_WORDS = 1000
+SPECIALS = ["<unk>", "<s>", "</s>"]
+
+
+def _word(i: int) -> str:
+    return f"w{i}"
+
+
+def build_tokenizer(folder: Path, n_words: int = VOCAB_WORDS) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(SPECIALS)}
+    for i in range(n_words):
+        vocab[_word(i)] = len(vocab)
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+    fast.chat_template = (
+        "{% for m in messages %}{{ m['content'] }} {% endfor %}")
+    fast.save_pretrained(str(folder))
+
+
+def build_llama(folder: Path, seed: int, vocab_size: int, layers: int = 2,
+                scale: float = 0.08) -> None:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        bos_token_id=1,
+        eos_token_id=2,
+        tie_word_embeddings=False,
+        torch_dtype="float32",
+    )
+    model = LlamaForCausalLM(cfg)
+    # Larger weights than the default init make greedy text less degenerate
+    # (fewer immediate loops), which gives the tests real variety.
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, scale)
+    model.save_pretrained(str(folder), safe_serialization=True)
+    # Never emit EOS by accident in tests that want full-length outputs:
+    # generation stops on max_tokens unless a test asks otherwise.
+    gen = {"bos_token_id": 1, "eos_token_id": 2}
+    (folder / "generation_config.json").write_text(json.dumps(gen))
+
+
+SHORT_CYCLE = 6
+SHORT_WORDS = 300
+
+
+def _word_id(word: int) -> int:
+    return word + len(SPECIALS)
+
+
+def successor_table(seed: int = 0, shuffle_long: int | None = None):
+    """``succ[token_id]``: the token a successor model emits after it.
+
+    Words below ``SHORT_WORDS`` form cycles of ``SHORT_CYCLE``; the rest one
+    long cycle in an order drawn from ``seed`` (a draft built with another
+    ``shuffle_long`` seed disagrees there).  Specials map among themselves
+    and are never emitted after a word.
+    """
+    import numpy as np
+
+    vocab = VOCAB_WORDS + len(SPECIALS)
+    succ = np.arange(vocab)
+    succ[[0, 1, 2]] = [1, 2, 0]
+    for start in range(0, SHORT_WORDS, SHORT_CYCLE):
+        ids = [_word_id(w) for w in range(start, start + SHORT_CYCLE)]
+        for a, b in zip(ids, ids[1:] + ids[:1]):
+            succ[a] = b
+    rng = np.random.default_rng(seed if shuffle_long is None else shuffle_long)
+    order = [_word_id(w) for w in rng.permutation(np.arange(SHORT_WORDS, VOCAB_WORDS))]
+    for a, b in zip(order, order[1:] + order[:1]):
+        succ[a] = b
+    return succ
+
+
+def build_successor_llama(folder: Path, succ, hidden: int = 128, layers: int = 1,
+                          intermediate: int = 256, seed: int = 0) -> None:
+    """A Llama whose greedy next token is ``succ[current token]``.
+
+    Attention and MLP outputs are zero, so each position's final hidden state
+    is its own (normalised) embedding ``e_t``; the output row of token
+    ``succ[t]`` is ``e_t``, so that token has the largest logit.  Random unit
+    embeddings in 128 or more dimensions overlap far less than they match
+    (margin > 0.4), so the choice is robust in float32.  The zeroed layers
+    still compute, so ``layers`` and ``intermediate`` set what a forward
+    pass costs (a target heavy enough that verifying a token is not free).
+    """
+    import numpy as np
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    vocab = len(succ)
+    cfg = LlamaConfig(
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate,
+        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=2048, bos_token_id=1, eos_token_id=2,
+        tie_word_embeddings=False, torch_dtype="float32")
+    model = LlamaForCausalLM(cfg)
+    rng = np.random.default_rng(seed)
+    emb = rng.standard_normal((vocab, hidden))
+    emb /= np.linalg.norm(emb, axis=1, keepdims=True)
+    head = np.zeros_like(emb)
+    head[succ] = emb  # succ is a permutation: every row is set once
+    with torch.no_grad():
+        model.model.embed_tokens.weight.copy_(torch.from_numpy(emb).float())
+        model.lm_head.weight.copy_(torch.from_numpy(head).float())
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+    model.save_pretrained(str(folder), safe_serialization=True)
+    (folder / "generation_config.json").write_text(
+        json.dumps({"bos_token_id": 1, "eos_token_id": 2}))
+
+
+def make_successor_models(root: str | os.PathLike) -> dict[str, str]:
+    root = Path(root)
+    paths = {name: root / name for name in ("copy_target", "copy_draft_half")}
+    done = root / ".complete"
+    if not done.exists():
+        # The target costs about as much per token as the 1-2 layer random
+        # target of make_tiny_models does per step, so verifying a draft
+        # token has a visible price on CPU; the draft is small and cheap.
+        for name, shuffle, size in (("copy_target", None, dict(hidden=512, layers=4,
+                                                                 intermediate=4096)),
+                                    ("copy_draft_half", 12345, {})):
+            paths[name].mkdir(parents=True, exist_ok=True)
+            build_tokenizer(paths[name])
+            build_successor_llama(paths[name], successor_table(0, shuffle), **size)
+        done.write_text("ok")
+    return {k: str(v) for k, v in paths.items()}
+
+
+def easy_prompt(i: int, repeats: int = 5) -> str:
+    """A short cycle written out ``repeats`` times: the model continues it."""
+    start = (i * SHORT_CYCLE) % SHORT_WORDS
+    cycle = [_word(w) for w in range(start, start + SHORT_CYCLE)]
+    return " ".join(cycle * repeats)
+
+
+def hard_prompt(i: int, length: int = 40) -> str:
+    """Words the model will emit next, in a shuffled order, then a start word.
+
+    The model walks the long cycle from the last word; every word it emits
+    is in the prompt followed by a wrong word, so n-gram lookup proposes
+    wrong drafts (and ``copy_draft_half`` disagrees there anyway).
+    """
+    import numpy as np
+
+    succ = successor_table(0)
+    start = _word_id(SHORT_WORDS + (i * 97) % (VOCAB_WORDS - SHORT_WORDS))
+    walk, t = [], start
+    for _ in range(length):
+        t = int(succ[t])
+        walk.append(t)
+    np.random.default_rng(i).shuffle(walk)
+    ids = walk + [start]
+    return " ".join(_word(t - len(SPECIALS)) for t in ids)
+
+
+def make_tiny_models(root: str | os.PathLike) -> dict[str, str]:
+    root = Path(root)
+    paths = {name: root / name for name in ("target", "draft_bad", "draft_mismatch")}
+    done = root / ".complete"
+    if not done.exists():
+        for name, seed, n_words in (("target", 0, VOCAB_WORDS), ("draft_bad", 1, VOCAB_WORDS),
+                                    ("draft_mismatch", 2, VOCAB_WORDS // 2)):
+            paths[name].mkdir(parents=True, exist_ok=True)
+            build_tokenizer(paths[name], n_words)
+            build_llama(paths[name], seed, n_words + len(SPECIALS), layers=2 if name == "target" else 1)
+        done.write_text("ok")
+    return {k: str(v) for k, v in paths.items()}
+
+
+def make_small_vocab_models(root: str | os.PathLike, n_words: int = 8) -> dict[str, str]:
+    """A target and a draft over ``n_words`` words, for sampling statistics.
+
+    Larger weights than the other tiny models give peaked next-token
+    distributions, so a biased sampler is detectable with a few thousand
+    samples; the draft has other weights (its proposals are often rejected,
+    which exercises rejection sampling).
+    """
+    root = Path(root)
+    paths = {name: root / name for name in ("small_target", "small_draft")}
+    done = root / ".complete"
+    if not done.exists():
+        for name, seed in (("small_target", 10), ("small_draft", 11)):
+            paths[name].mkdir(parents=True, exist_ok=True)
+            build_tokenizer(paths[name], n_words)
+            build_llama(paths[name], seed, n_words + len(SPECIALS), layers=1, scale=0.5)
+        done.write_text("ok")
+    return {k: str(v) for k, v in paths.items()}
+
+
+def shutdown_llm(llm) -> None:
+    """Stop an ``LLM``'s engine core now, so the next engine can start in
+    this process (tests and the demo run several, one after another)."""
+    import gc
+
+    try:
+        llm.llm_engine.engine_core.shutdown()
+    except Exception:
+        pass
+    del llm
+    gc.collect()
+
+
+def prompt(i: int, length: int = 12) -> str:
+    """A deterministic prompt of ``length`` words."""
+    return " ".join(_word((i * 37 + j * 11) % VOCAB_WORDS) for j in range(length))
+
+
+def repetitive_prompt(i: int, period: int = 4, repeats: int = 6) -> str:
+    """A prompt that repeats a short phrase: n-gram lookup drafts well on it."""
+    phrase = [_word((i * 13 + j * 7) % VOCAB_WORDS) for j in range(period)]
+    return " ".join(phrase * repeats)
+
+
+def worker_draft_stats(worker) -> dict:
+    """Run on every worker through ``LLM.collective_rpc``: the zero-cost
+    fallback's state and counters on that rank (``None`` before the first
+    drafting step, ``False`` when switched off)."""
+    from dataclasses import asdict
+
+    import torch.distributed as dist
+
+    drafter = getattr(worker.model_runner, "drafter", None)
+    state = drafter.__dict__.get("_specplug_skip") if drafter is not None else None
+    stats = drafter.__dict__.get("specplug_stats") if drafter is not None else None
+    return {
+        "rank": dist.get_rank() if dist.is_initialized() else 0,
+        "zero_cost_fallback": None if state is None else bool(state),
+        "stats": asdict(stats) if stats is not None else None,
+    }
