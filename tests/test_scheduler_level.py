@@ -98,7 +98,8 @@ def build_scheduler(model, async_scheduling, specplug=None, method="draft_model"
     from vllm_specplug.controller import SpecController
 
     sp = sched.specplug
-    sp.controller = SpecController(sp.controller.settings, clock_profile())
+    if sp.enabled:
+        sp.controller = SpecController(sp.controller.settings, clock_profile())
     return sched
 
 
@@ -118,7 +119,9 @@ class SyntheticRun:
     def __init__(self, sched, accepts):
         self.sched = sched
         self.accepts = accepts  # req_id -> fn(num_drafts) -> accepted
-        self.is_async = sched.specplug.is_async
+        from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
+        self.is_async = isinstance(sched, AsyncScheduler)
         self.pending = None
         self.steps = 0
         self.drafts_seen: dict[str, list[int]] = {}
@@ -132,7 +135,8 @@ class SyntheticRun:
         # clock does not charge.
         self.profile = clock_profile()
         self.now = 0.0
-        sched.specplug.clock = lambda: self.now
+        if sched.specplug.enabled:
+            sched.specplug.clock = lambda: self.now
 
     def model_output(self, so):
         from vllm.v1.outputs import ModelRunnerOutput
@@ -156,7 +160,8 @@ class SyntheticRun:
         batch, k_step = len(so.num_scheduled_tokens), so.num_spec_tokens_to_schedule
         # With zero-cost fallback a step that drafts after skipped ones
         # first catches the draft up (the adapter keeps how far, per step).
-        catchup = self.sched.specplug.catchup.get(id(so), 0) if k_step else 0
+        sp = self.sched.specplug
+        catchup = sp.catchup.get(id(so), 0) if k_step and sp.enabled else 0
         self.now += self.profile.step(so.total_num_scheduled_tokens, batch, k_step, catchup)
         self.preempted += len(getattr(so, "preempted_req_ids", None) or ())
         for eco in self.sched.update_from_output(so, out).values():
@@ -636,3 +641,46 @@ def test_a_streaming_input_session_takes_its_updates_ceiling_and_frees_its_row(t
     sched.add_request(_session_request("s", 1, resumable=False))
     assert "s" not in sched.requests
     assert ctrl.num_requests() == 0
+
+
+@pytest.mark.parametrize("runner", ["gpu-v2", "cpu-v2", "other"])
+def test_on_a_runner_it_was_not_checked_against_it_behaves_exactly_as_vllm(
+        tiny_models, monkeypatch, runner, caplog):
+    """vLLM's V2 model runner (its GPU default) and unknown platforms: one
+    warning, and vLLM's own K every step (nothing planned, nothing trimmed)."""
+    from vllm_specplug import deployment
+
+    monkeypatch.setattr(deployment, "model_runner", lambda vllm_config: runner)
+    with caplog.at_level("WARNING", logger="vllm.specplug"):
+        sched = build_scheduler(tiny_models["target"], False)
+    sp = sched.specplug
+    assert not sp.enabled
+    assert ("V2 model runner" if runner.endswith("v2") else "not one the plugin") in sp.reason
+    assert sum("inert" in r.getMessage() for r in caplog.records) == 1
+    for i in range(3):
+        sched.add_request(make_request(f"r{i}", 12))
+    run = SyntheticRun(sched, {f"r{i}": never for i in range(3)})
+    ks = []
+    while sched.has_requests() and run.steps < 100:
+        so = sched.schedule()
+        ks.append(so.num_spec_tokens_to_schedule)
+        if so.total_num_scheduled_tokens:
+            run.update(so, run.model_output(so))
+        run.steps += 1
+    assert set(ks) == {CEILING}  # vLLM's K, every step
+
+
+def test_a_users_batch_size_table_of_k_pins_k_step():
+    from types import SimpleNamespace
+
+    from vllm_specplug.deployment import k_step_pinned_for
+
+    def config(table=None, method="draft_model"):
+        return SimpleNamespace(
+            speculative_config=SimpleNamespace(
+                method=method, num_speculative_tokens_per_batch_size=table),
+            parallel_config=SimpleNamespace(data_parallel_size=1))
+
+    assert not k_step_pinned_for(config())
+    assert k_step_pinned_for(config([(1, 8, 4), (9, 64, 2)]))
+    assert k_step_pinned_for(config(method="mtp"))

@@ -59,13 +59,59 @@ def uses_plugin_scheduler(vllm_config) -> bool:
 def k_step_pinned_for(vllm_config) -> bool:
     """Whether K_step must stay at num_speculative_tokens.
 
-    Proposers that need a fixed K, and data-parallel ranks, which may step in
+    Proposers that need a fixed K, data-parallel ranks, which may step in
     lockstep (MoE), where a different number of draft passes per rank would
-    hang their collectives.
+    hang their collectives, and a deployment that gives vLLM a batch-size
+    table of K (``num_speculative_tokens_per_batch_size``).
     """
-    method = getattr(vllm_config.speculative_config, "method", None)
+    spec = vllm_config.speculative_config
+    method = getattr(spec, "method", None)
     dp = getattr(vllm_config.parallel_config, "data_parallel_size", 1) or 1
-    return method not in ADAPTIVE_K_STEP_METHODS or dp > 1
+    # A batch-size table of the user's (vLLM's dynamic K) sets K_step itself.
+    table = getattr(spec, "num_speculative_tokens_per_batch_size", None)
+    return method not in ADAPTIVE_K_STEP_METHODS or dp > 1 or bool(table)
+
+
+# Model runners the plugin adapts K on: the CPU build's V1 runner (tested)
+# and the GPU V1 runner (checked against vLLM 0.32/0.33's source).  On the
+# V2 runner (vLLM's GPU default) the drafter's fused graph runs every
+# position whatever K_step says and only full-K decode steps are captured:
+# a smaller K_step saves nothing there, so the plugin stays out of the way.
+ADAPTED_RUNNERS = frozenset({"cpu-v1", "gpu-v1"})
+
+
+def runner_refusal(vllm_config) -> str | None:
+    """Why the plugin leaves this engine to vLLM's own behaviour, or None."""
+    runner = model_runner(vllm_config)
+    if runner in ADAPTED_RUNNERS:
+        return None
+    if runner.endswith("-v2"):
+        return ("vLLM's V2 model runner is in use: its draft model runs every position and "
+                "captures decode graphs for the full K only, so a per-step K would save "
+                "nothing (set VLLM_USE_V2_MODEL_RUNNER=0 for the V1 runner, which the plugin "
+                "adapts)")
+    return "this platform's model runner is not one the plugin was checked against"
+
+
+def graph_note(vllm_config) -> str | None:
+    """What CUDA graphs the plugin's steps lose on this engine, or None.
+
+    On the V1 GPU runner vLLM captures full graphs only for steps where every
+    request verifies exactly K drafts (``uniform_decode_query_len``); a step
+    the plugin plans at a smaller K_step, or with fewer drafts for some
+    request, runs piecewise graphs (or none under ``FULL_DECODE_ONLY``), as
+    vLLM's own dynamic K does.  The start-up profile times the steps as they
+    run, so the policy prices them so; the user is told once."""
+    if model_runner(vllm_config) != "gpu-v1":
+        return None
+    comp = getattr(vllm_config, "compilation_config", None)
+    mode = getattr(getattr(comp, "cudagraph_mode", None), "name", "NONE")
+    if mode in ("NONE", None):
+        return None
+    return (f"CUDA graph mode {mode} on the V1 GPU runner: steps where the plugin drafts fewer "
+            f"than num_speculative_tokens for some request run without full CUDA graphs "
+            f"(piecewise or eager), as vLLM's own dynamic K; the start-up profile times them "
+            f"as they run and the policy prices them so")
 
 
 def model_runner(vllm_config) -> str:

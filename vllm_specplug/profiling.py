@@ -81,7 +81,6 @@ import logging
 import os
 import platform as _platform
 import statistics
-import sys
 import time
 from typing import Any
 
@@ -163,7 +162,7 @@ def deployment_key(vllm_config, zero_cost: bool) -> dict[str, Any]:
     import torch
     import vllm
 
-    from vllm_specplug import __version__
+    from vllm_specplug.version import __version__
 
     mc, spec = vllm_config.model_config, vllm_config.speculative_config
     par, cache = vllm_config.parallel_config, vllm_config.cache_config
@@ -356,15 +355,6 @@ def robust_median(times: list[float]) -> float:
     return statistics.median([t for t in times if t <= 1.5 * fastest])
 
 
-def _reset_draft_skip(worker) -> None:
-    """Worker side: forget the zero-cost fallback's stale marks (none can be read again)."""
-    from vllm_specplug.patches import draft_model_skip
-
-    drafter = getattr(getattr(worker, "model_runner", None), "drafter", None)
-    if drafter is not None and "_specplug_skip" in drafter.__dict__:
-        draft_model_skip.set_enabled(drafter, True)
-
-
 def lead_in(bench, k: int) -> None:
     """A step at K_step = ``k`` where the previous step proposed fewer drafts."""
     if bench.proposed < k:
@@ -458,7 +448,7 @@ def run_rounds(bench, k: int, max_batch: int, token_budget: int, zero_cost: bool
 
 
 def measure(executor, vllm_config, kv_cache_config, k: int, zero_cost: bool,
-            budget_s: float = BUDGET_S) -> StepProfile:
+            budget_s: float = BUDGET_S, reset_workers=None) -> StepProfile:
     bench = _Bench(executor, vllm_config, kv_cache_config, time.monotonic() + DEADLINE_S)
     try:
         profile = run_rounds(bench, k, max(1, int(vllm_config.scheduler_config.max_num_seqs)),
@@ -466,8 +456,8 @@ def measure(executor, vllm_config, kv_cache_config, k: int, zero_cost: bool,
                              time.monotonic, budget_s, log=True)
     finally:
         bench.close()
-        if zero_cost:
-            executor.collective_rpc(_reset_draft_skip)
+        if zero_cost and reset_workers is not None:
+            reset_workers()
     profile.meta.update(source="measured", seconds=round(profile.meta["seconds"], 1),
                         measured_at=time.strftime("%Y-%m-%dT%H:%M:%S"))
     return profile
@@ -494,15 +484,15 @@ def validate_steps(bench, k: int) -> tuple[float, int, float, int]:
 
 
 def validate(executor, vllm_config, kv_cache_config, profile: StepProfile, k: int,
-             zero_cost: bool = False) -> tuple[bool, str]:
+             zero_cost: bool = False, reset_workers=None) -> tuple[bool, str]:
     """Time two fresh shapes (one request: plain, and drafting K) against a cached table."""
     bench = _Bench(executor, vllm_config, kv_cache_config, time.monotonic() + DEADLINE_S)
     try:
         plain, t_plain, wide, t_wide = validate_steps(bench, k)
     finally:
         bench.close()
-        if zero_cost:
-            executor.collective_rpc(_reset_draft_skip)
+        if zero_cost and reset_workers is not None:
+            reset_workers()
     want_plain = profile.step(t_plain, 1, 0)
     want_wide = profile.step(t_wide, 1, k)
     ratios = (plain / want_plain, wide / want_wide)
@@ -510,8 +500,13 @@ def validate(executor, vllm_config, kv_cache_config, profile: StepProfile, k: in
     return ok, f"measured/cached {ratios[0]:.2f} (plain), {ratios[1]:.2f} (K={k})"
 
 
-def profile_for_engine(executor, vllm_config, kv_cache_config) -> StepProfile | None:
+def profile_for_engine(executor, vllm_config, kv_cache_config,
+                       reset_workers=None) -> StepProfile | None:
     """The profile this engine's scheduler will use, per ``additional_config["specplug"].profile``.
+
+    ``reset_workers()``, when given, runs after dummy steps under the
+    zero-cost fallback: the workers forget the draft's stale-block marks
+    (no block the dummy requests wrote can be read again).
 
     The profile is also attached to ``kv_cache_config`` (``attach``), which
     the engine core builds the scheduler from.  Returns None (the scheduler
@@ -547,6 +542,10 @@ def profile_for_engine(executor, vllm_config, kv_cache_config) -> StepProfile | 
         logger.info("vllm-specplug: K_step is pinned for this deployment; no step-cost "
                     "profile is measured (prices from parameter counts)")
         return None
+    from vllm_specplug.deployment import runner_refusal
+
+    if runner_refusal(vllm_config):
+        return None  # the scheduler stays inert and says why
     blocked = measurement_blocked(vllm_config)
     if blocked:
         logger.info("vllm-specplug: no step-cost profile is measured: %s; prices from "
@@ -559,7 +558,8 @@ def profile_for_engine(executor, vllm_config, kv_cache_config) -> StepProfile | 
     if os.path.exists(path) and not os.environ.get("VLLM_SPECPLUG_PROFILE_FRESH"):
         try:
             cached = StepProfile.load(path)
-            ok, why = validate(executor, vllm_config, kv_cache_config, cached, k, zero_cost)
+            ok, why = validate(executor, vllm_config, kv_cache_config, cached, k, zero_cost,
+                              reset_workers)
             if ok:
                 profile = cached
                 logger.info("vllm-specplug: step-cost profile from the cache (%s; %s)", path, why)
@@ -569,7 +569,8 @@ def profile_for_engine(executor, vllm_config, kv_cache_config) -> StepProfile | 
         except (OSError, ValueError, KeyError) as exc:
             logger.warning("vllm-specplug: cached profile %s unreadable (%s); measuring", path, exc)
     if profile is None:
-        profile = measure(executor, vllm_config, kv_cache_config, k, zero_cost)
+        profile = measure(executor, vllm_config, kv_cache_config, k, zero_cost,
+                          reset_workers=reset_workers)
         profile.meta["key"] = key
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -583,98 +584,3 @@ def profile_for_engine(executor, vllm_config, kv_cache_config) -> StepProfile | 
                     profile.meta["shapes"], int(profile.batch[-1]), profile.tokens.size, path)
     attach(kv_cache_config, profile)
     return profile
-
-
-def plot(profile: StepProfile, path: str, title: str = "") -> None:
-    """The profile as a PNG: step time by tokens, and the cost of a draft position by batch."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    t = profile.tokens
-    left.plot(t, profile.target_s * 1e3, "o-", label="K_step = 0 step")
-    left.plot(t, (profile.target_s + profile.first_s) * 1e3, "s-", label="K_step = 1 step")
-    left.set_xscale("log", base=2)
-    left.set_xlabel("tokens in the step")
-    left.set_ylabel("ms")
-    left.legend()
-    left.grid(alpha=0.3)
-    right.plot(profile.batch, profile.pass_s * 1e3, "o-", label="one more draft position")
-    if profile.catchup_tokens is not None:
-        ax = right.twiny()
-        ax.plot(profile.catchup_tokens, profile.catchup_s * 1e3, "x--", color="C3",
-                label="catch-up (top axis: tokens)")
-        ax.legend(loc="lower right")
-    right.set_xlabel("requests in the step")
-    right.set_ylabel("ms")
-    right.legend(loc="upper left")
-    right.grid(alpha=0.3)
-    meta = profile.meta
-    fig.suptitle(title or f"step-cost profile ({meta.get('source', '?')}, "
-                 f"{meta.get('shapes', '?')} shapes in {meta.get('seconds', '?')} s)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def main(argv: list[str]) -> int:
-    """``vllm-specplug profile --config FILE``: measure this deployment's profile and show it."""
-    import argparse
-
-    p = argparse.ArgumentParser(
-        prog="vllm-specplug profile",
-        description="Measure the step-cost profile of a deployment (the same YAML as "
-                    "`vllm-specplug serve --config`) and print it as a table and a PNG.")
-    p.add_argument("--config", required=True, help="a vllm serve YAML config")
-    p.add_argument("--out", default="specplug-profile", help="folder for profile.json/.png")
-    p.add_argument("--cached", action="store_true",
-                   help="use a cached profile when it passes its check (default: measure anew)")
-    args = p.parse_args(argv)
-    import dataclasses
-
-    import yaml
-
-    with open(args.config) as f:
-        raw = yaml.safe_load(f) or {}
-    from vllm.engine.arg_utils import EngineArgs
-
-    known = {f.name for f in dataclasses.fields(EngineArgs)}
-    kwargs = {k.replace("-", "_"): v for k, v in raw.items()}
-    dropped = sorted(k for k in kwargs if k not in known)
-    kwargs = {k: v for k, v in kwargs.items() if k in known}
-    # Model cache keys resolve as under `vllm-specplug serve`.
-    from vllm_specplug.serve import resolve_spec, resolve_model
-
-    if "model" in kwargs:
-        kwargs["model"] = resolve_model(kwargs["model"])
-    kwargs["speculative_config"] = resolve_spec(kwargs.get("speculative_config"), None)
-    if kwargs.get("speculative_config") is None:
-        print("vllm-specplug profile: the config has no speculative-config", file=sys.stderr)
-        return 2
-    if not args.cached:
-        os.environ["VLLM_SPECPLUG_PROFILE_FRESH"] = "1"
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    if int(kwargs.get("tensor_parallel_size", 1) or 1) == 1:
-        kwargs.setdefault("distributed_executor_backend", "uni")
-    kwargs["scheduler_cls"] = "vllm_specplug.AdaptiveSpecScheduler"
-    if dropped:
-        print(f"[profile] serve-only keys not used here: {', '.join(dropped)}")
-    from vllm import LLM
-
-    llm = LLM(**kwargs)
-    try:
-        sched = llm.llm_engine.engine_core.engine_core.scheduler
-        profile = sched.specplug.profile
-    except AttributeError:
-        print("vllm-specplug profile: run with VLLM_ENABLE_V1_MULTIPROCESSING=0 "
-              "(the scheduler must be in this process)", file=sys.stderr)
-        return 2
-    os.makedirs(args.out, exist_ok=True)
-    profile.save(os.path.join(args.out, "profile.json"))
-    plot(profile, os.path.join(args.out, "profile.png"))
-    print(profile.table())
-    print(f"[profile] {profile.meta.get('source')}: {profile.meta.get('shapes')} shapes in "
-          f"{profile.meta.get('seconds')} s; wrote {args.out}/profile.json and profile.png")
-    return 0

@@ -39,7 +39,9 @@ from vllm_specplug.deployment import (
     DRAFT_MODEL_METHODS,
     ZERO_COST_OUTPUT_ATTR,
     catch_up_tokens,
+    graph_note,
     k_step_pinned_for,
+    runner_refusal,
     zero_cost_fallback_for,
 )
 from vllm_specplug.config import (
@@ -101,6 +103,13 @@ class AdaptiveSpecState:
         if missing:
             self.reason = f"vLLM lacks {', '.join(missing)}"
             return
+        refusal = runner_refusal(vllm_config)
+        if refusal:
+            self.reason = refusal
+            return
+        graphs = graph_note(vllm_config)
+        if graphs:
+            logger.warning("vllm-specplug: %s", graphs)
         self.ceiling = self.config.ceiling(self.num_spec_tokens)
         # vLLM runs the DP ranks of a dense model as independent engines and
         # tells each engine data_parallel_size=1; only ranks that step in
@@ -224,7 +233,7 @@ class AdaptiveSpecState:
 
     def _profile(self) -> StepProfile:
         """The start-up profile measured for this engine, or one from parameter counts."""
-        from vllm_specplug import profiling
+        import vllm_specplug.profiling as profiling
 
         measured = profiling.attached(self.kv_cache_config)
         if measured is not None:
