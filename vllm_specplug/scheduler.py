@@ -49,7 +49,7 @@ from vllm_specplug.config import (
     SpecPlugRequestError,
     parse_request_args,
 )
-from vllm_specplug.controller import SpecController, StepProfile, prior_profile
+from vllm_specplug.controller import SpecController, StepProfile, prior_profile, warm_up
 
 logger = logging.getLogger("vllm.specplug")
 
@@ -128,6 +128,7 @@ class AdaptiveSpecState:
         self.zero_cost_fallback = self._zero_cost_fallback()
         self.profile = self._profile()
         self.controller = self._new_controller()
+        warm_up(self.controller.settings, self.profile)
         self.enabled = True
         self.planned: dict[str, int] = {}
         # End of schedule() per SchedulerOutput still in flight (async keeps
@@ -212,12 +213,12 @@ class AdaptiveSpecState:
         self.zero_cost_fallback = on
         if on:
             self.profile = self._profile()
-            self.controller.pricer.profile = self.profile
+            self.controller.set_profile(self.profile)
             logger.info("vllm-specplug: the workers skip the draft at K_step = 0 again")
             return
         # The profile in use was the skipping one: its first pass now runs at K_step = 0 too.
-        self.profile = self.controller.pricer.profile.with_first_pass_at_k0()
-        self.controller.pricer.profile = self.profile
+        self.profile = self.controller.profile.with_first_pass_at_k0()
+        self.controller.set_profile(self.profile)
         cold = list(self.stale_from)
         self.controller.forget_acceptance(cold)
         self.stale_from.clear()

@@ -35,7 +35,7 @@ class DecisionTrace:
         self._t0 = time.monotonic()
 
     def plan(self, step: int, decision, req_ids, controller) -> None:
-        rows = controller._rows(req_ids) if req_ids else []
+        rows = controller.rows(req_ids) if req_ids else []
         surv = controller.estimator.survival(rows) if len(req_ids) else None
         requests = {}
         for i, (rid, k) in enumerate(zip(req_ids, decision.k.tolist())):

@@ -1,9 +1,10 @@
-"""The adaptive-K controller: plain Python and NumPy, no vLLM import."""
+"""The adaptive-K controller: plain Python, NumPy and a few numba kernels; no vLLM import."""
 
 from vllm_specplug.controller.controller import (
     ControllerSettings,
     ControllerStats,
     SpecController,
+    warm_up,
 )
 from vllm_specplug.controller.estimator import AcceptanceEstimator
 from vllm_specplug.controller.policy import (
@@ -32,4 +33,5 @@ __all__ = [
     "StepPricer",
     "StepProfile",
     "prior_profile",
+    "warm_up",
 ]

@@ -95,7 +95,7 @@ class SpecController:
         static_k = settings.max_k if settings.static_k is None else settings.static_k
         self.static = StaticPolicy(min(static_k, settings.max_k))
         self.heuristic = HeuristicPolicy(initial_k=settings.max_k, max_k=settings.max_k)
-        self._row_of = self.estimator._rows  # req_id -> row, owned by the estimator
+        self._row_of = self.estimator.row_of  # req_id -> row, kept by the estimator
         self._last_ids: list[str] | None = None
         self._alloc(self.estimator.capacity)
         self.stats = ControllerStats(k_counts=np.zeros(settings.max_k + 1, dtype=np.int64))
@@ -104,6 +104,15 @@ class SpecController:
     @property
     def profile(self) -> StepProfile:
         return self.pricer.profile
+
+    def set_profile(self, profile: StepProfile) -> None:
+        """Price from ``profile`` from now on (the live correction is kept)."""
+        self.pricer = StepPricer(profile, self.pricer.correction)
+
+    def ceiling(self, req_id: str) -> int | None:
+        """A live request's ceiling on drafts, or None if it is not tracked."""
+        row = self._row_of.get(req_id)
+        return None if row is None else int(self._ceiling[row])
 
     def _alloc(self, capacity: int) -> None:
         """(Re)allocate the per-row arrays, keeping what they hold."""
@@ -166,7 +175,8 @@ class SpecController:
         # Freed rows are cleared in finish_request, so all rows can be counted.
         return int(np.count_nonzero(self._in_fallback))
 
-    def _rows(self, req_ids: list[str]) -> np.ndarray:
+    def rows(self, req_ids: list[str]) -> np.ndarray:
+        """The estimator's rows of the tracked requests among ``req_ids``, in order."""
         # The batch is usually the same list of requests step after step:
         # comparing the lists (same string objects) is far cheaper than
         # looking every id up again.
@@ -193,12 +203,22 @@ class SpecController:
         ``accepted[i]`` of them were kept.  Unknown (finished) requests and
         entries with nothing drafted are ignored.
         """
-        get = self._row_of.get
-        known = [(get(r), d, a) for r, d, a in zip(req_ids, drafted, accepted)
-                 if d > 0 and get(r) is not None]
-        if not known:
+        d, a = np.asarray(drafted), np.asarray(accepted)
+        if (isinstance(req_ids, list) and d.dtype.kind in "iu" and a.dtype.kind in "iu"
+                and d.shape == a.shape == (len(req_ids),) and req_ids == self._last_ids):
+            # The batch just planned (the usual case): its rows are known.
+            seen = d > 0
+            rows = self._last_rows[seen]
+            drafted, accepted = d[seen].astype(np.int64), a[seen].astype(np.int64)
+        else:
+            get = self._row_of.get
+            known = [(get(r), d, a) for r, d, a in zip(req_ids, drafted, accepted)
+                     if d > 0 and get(r) is not None]
+            if not known:
+                return
+            rows, drafted, accepted = (np.array(x, dtype=np.int64) for x in zip(*known))
+        if not rows.size:
             return
-        rows, drafted, accepted = (np.array(x, dtype=np.int64) for x in zip(*known))
         accepted = np.minimum(np.maximum(accepted, 0), drafted)
         self.estimator.observe_rows(rows, drafted, accepted)
         if self.settings.policy == "heuristic":
@@ -249,7 +269,7 @@ class SpecController:
         batch = len(req_ids)
         if batch == 0:
             return Decision(k_step=fixed_k_step or 0, k=np.zeros(0, dtype=np.int64))
-        rows = self._rows(req_ids)
+        rows = self.rows(req_ids)
         ceilings = self._ceiling[rows]
         policy = self.settings.policy
         # The static policy is vLLM's static K, a baseline: it drafts K up to
@@ -271,10 +291,11 @@ class SpecController:
             # most caps + 1 more, this one at least one).
             horizon = (float(np.sum(caps)) + 2.0 * batch
                        if caps is not None and fixed_k_step is None else None)
-            priced = dict(base_tokens=base, pricer=self.pricer, fixed_k_step=fixed_k_step,
-                          catch_up_s=catch_up, horizon=horizon, skip_s=skip)
-            decision = self.goodput.decide(self.estimator.survival(rows), ceilings, **priced)
-            self._probe(rows, ceilings, decision, priced)
+            survival = self.estimator.survival(rows)
+            prices = self.goodput.prices(batch, survival.shape[1], base, self.pricer,
+                                         fixed_k_step, catch_up, horizon, skip)
+            decision = self.goodput.decide_priced(survival, ceilings, prices)
+            self._probe(rows, ceilings, decision, survival, prices)
         self._account(rows, ceilings, decision)
         self.last_decision = decision
         return decision
@@ -298,7 +319,7 @@ class SpecController:
         self._probe_size[passed] = np.minimum(self._probe_size[passed] * 2,
                                               np.maximum(self._ceiling[passed], 1))
 
-    def _probe(self, rows, ceilings, decision, priced) -> None:
+    def _probe(self, rows, ceilings, decision, survival, prices) -> None:
         """Send a small probe to requests that sat in fallback long enough.
 
         A request granted nothing while its ceiling allows drafts is in
@@ -333,12 +354,11 @@ class SpecController:
         due_idx = np.flatnonzero(due)
         if not due_idx.size:
             return
-        hopeful = self.estimator.survival(rows).copy()
-        width = hopeful.shape[1]
-        hopeful[due_idx] = self.PROBE_OPTIMISM ** np.arange(1, width + 1)
-        plan = self.goodput.decide(hopeful, ceilings, **priced)
+        hopeful = survival.copy()
+        hopeful[due_idx] = self.PROBE_OPTIMISM ** np.arange(1, hopeful.shape[1] + 1)
+        plan = self.goodput.decide_priced(hopeful, ceilings, prices)
         depth = int(plan.k[due_idx].max(initial=0))
-        pinned = priced["fixed_k_step"] is not None
+        pinned = prices.fixed_k_step is not None
         if decision.k_step > 0 and not pinned:
             depth = min(depth, decision.k_step)
         if depth <= 0:
@@ -362,3 +382,23 @@ class SpecController:
         s.request_steps += rows.size
         s.granted_slots += int(k.sum())
         s.fallback_request_steps += int(np.count_nonzero((k == 0) & (ceilings > 0)))
+
+
+def warm_up(settings: ControllerSettings, profile: StepProfile) -> None:
+    """Run every compiled kernel once on a throwaway controller.
+
+    The policy's and estimator's numba kernels compile on first use (about
+    a second cold, a fraction with numba's cache): a server calls this at
+    start-up so that its first requests do not wait for it."""
+    ctrl = SpecController(settings, profile)
+    ids = ["warm-0", "warm-1"]
+    for rid in ids:
+        ctrl.add_request(rid)
+    for _ in range(3):
+        d = ctrl.plan(ids)
+        k = np.asarray(d.k, dtype=np.int64)
+        ctrl.observe_verifications(ids, k, k // 2)
+        ctrl.observe_step(len(ids), len(ids) + int(k.sum()), int(d.k_step), 1.0)
+    for rid in ids:
+        ctrl.finish_request(rid)
+

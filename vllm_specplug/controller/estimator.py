@@ -25,7 +25,83 @@ moved), so a decision for a whole batch reads it with one gather.
 
 from __future__ import annotations
 
+import numba
 import numpy as np
+
+
+@numba.njit(cache=True)
+def _count(counts, pooled, opened, rows, drafted, accepted, forgetting):
+    """Fold one step's verifications into the forgotten counts and the pool;
+    returns the rows counted (not a request's first verification, nor one
+    that drafted nothing)."""
+    width = counts.shape[2]
+    counted = np.empty(rows.size, dtype=np.int64)
+    step = np.zeros((2, width))  # whole counts: summed exactly, added at once
+    n = 0
+    for i in range(rows.size):
+        r = rows[i]
+        if drafted[i] <= 0:
+            continue
+        if not opened[r]:
+            opened[r] = True
+            continue
+        tried = min(drafted[i], width)
+        kept = min(max(accepted[i], 0), tried)
+        for p in range(width):
+            # Successes: positions before the first rejection; trials: those
+            # and the first rejection, if any; later ones were never tested.
+            success = 1.0 if p < kept else 0.0
+            trial = 1.0 if p < min(kept + 1, tried) else 0.0
+            counts[r, 0, p] = counts[r, 0, p] * forgetting + success
+            counts[r, 1, p] = counts[r, 1, p] * forgetting + trial
+            step[0, p] += success
+            step[1, p] += trial
+        counted[n] = r
+        n += 1
+    if n:
+        pooled += step
+    return counted[:n]
+
+
+@numba.njit(cache=True)
+def _conditional(counts, rows, prior_share, g, m):
+    """``AcceptanceEstimator.conditional`` of ``rows`` for the pooled profile ``g``."""
+    n, width = rows.size, counts.shape[2]
+    a, inv, cum_b = np.empty((n, width)), np.empty((n, width)), np.empty((n, width))
+    smallest = 1.0
+    for i in range(n):
+        cum = 1.0
+        for p in range(width):
+            inv[i, p] = 1.0 / (counts[rows[i], 1, p] + m)
+            a[i, p] = (counts[rows[i], 0, p] + prior_share[p] * g[p]) * inv[i, p]
+            if p > 0:
+                cum *= (0.5 * m) * inv[i, p]
+            cum_b[i, p] = cum
+        smallest = min(smallest, cum)
+    if width == 1:
+        return a
+    for i in range(n):
+        if smallest > 1e-200:
+            total = 0.0
+            for p in range(width):
+                total += a[i, p] / cum_b[i, p]
+                a[i, p] = total * cum_b[i, p]
+        else:
+            for p in range(1, width):
+                a[i, p] += (0.5 * m) * inv[i, p] * a[i, p - 1]
+    return a
+
+
+@numba.njit(cache=True)
+def _survival(counts, rows, prior_share, g, m, tie_break, surv):
+    """``surv[rows]``: the running product of the conditional acceptance, less
+    ``tie_break`` times the row."""
+    a = _conditional(counts, rows, prior_share, g, m)
+    for i in range(rows.size):
+        run = 1.0
+        for p in range(a.shape[1]):
+            run = a[i, p] if p == 0 else run * a[i, p]
+            surv[rows[i], p] = run - rows[i] * tie_break
 
 
 class AcceptanceEstimator:
@@ -55,11 +131,10 @@ class AcceptanceEstimator:
         self._surv = np.zeros((initial_capacity, max_positions))
         # Pooled over the last few requests (POOL_FORGETTING): successes, trials.
         self._global = np.zeros((2, max_positions))
-        self._ones = np.ones(initial_capacity)
         self._opened = np.zeros(initial_capacity, dtype=bool)  # first verification seen
-        self._rows: dict[str, int] = {}
+        # req_id -> row of every per-request array; others may read it.
+        self.row_of: dict[str, int] = {}
         self._free_rows: list[int] = list(range(initial_capacity - 1, -1, -1))
-        self._positions = np.arange(max_positions)
         self._profile: np.ndarray | None = None
         # Weight of the global profile in each position's prior (see conditional).
         self.base_prior_strength = prior_strength
@@ -75,7 +150,7 @@ class AcceptanceEstimator:
 
     # -- request lifecycle -------------------------------------------------
     def add(self, req_id: str) -> int:
-        row = self._rows.get(req_id)
+        row = self.row_of.get(req_id)
         if row is not None:
             return row
         if not self._free_rows:
@@ -83,13 +158,13 @@ class AcceptanceEstimator:
         row = self._free_rows.pop()
         self._counts[row] = 0.0
         self._opened[row] = False
-        self._rows[req_id] = row
+        self.row_of[req_id] = row
         self._refresh_survival(np.array([row], dtype=np.intp))
         return row
 
     def reset(self, req_ids) -> None:
         """Forget what was observed of these requests (unknown ids are skipped)."""
-        rows = [self._rows[r] for r in req_ids if r in self._rows]
+        rows = [self.row_of[r] for r in req_ids if r in self.row_of]
         if rows:
             rows = np.array(rows, dtype=np.intp)
             self._counts[rows] = 0.0
@@ -109,7 +184,7 @@ class AcceptanceEstimator:
     POOL_FORGETTING = 0.6
 
     def remove(self, req_id: str) -> None:
-        row = self._rows.pop(req_id, None)
+        row = self.row_of.pop(req_id, None)
         if row is not None:
             self._free_rows.append(row)
             if self._trials[row, 0] > 0:
@@ -118,10 +193,10 @@ class AcceptanceEstimator:
 
     def _live_rows(self) -> np.ndarray:
         """Every live request's row."""
-        return np.fromiter(self._rows.values(), dtype=np.intp, count=len(self._rows))
+        return np.fromiter(self.row_of.values(), dtype=np.intp, count=len(self.row_of))
 
     def row(self, req_id: str) -> int:
-        return self._rows[req_id]
+        return self.row_of[req_id]
 
     @property
     def capacity(self) -> int:
@@ -129,7 +204,7 @@ class AcceptanceEstimator:
         return self._counts.shape[0]
 
     def __len__(self) -> int:
-        return len(self._rows)
+        return len(self.row_of)
 
     def _grow(self) -> None:
         old = self._counts.shape[0]
@@ -137,7 +212,6 @@ class AcceptanceEstimator:
         self._counts = np.concatenate([self._counts, np.zeros_like(self._counts)])
         self._succ, self._trials = self._counts[:, 0], self._counts[:, 1]
         self._surv = np.concatenate([self._surv, np.zeros_like(self._surv)])
-        self._ones = np.ones(new)
         self._opened = np.concatenate([self._opened, np.zeros(old, dtype=bool)])
         self._free_rows.extend(range(new - 1, old - 1, -1))
 
@@ -151,7 +225,7 @@ class AcceptanceEstimator:
         """Record one verification: ``drafted`` offered, ``accepted`` kept."""
         if drafted <= 0:
             return
-        row = self._rows.get(req_id)
+        row = self.row_of.get(req_id)
         if row is None:
             row = self.add(req_id)
         self.observe_rows(np.array([row]), np.array([drafted]), np.array([accepted]))
@@ -165,28 +239,10 @@ class AcceptanceEstimator:
         not counted: in the recorded served traces it accepted 0.62 on code
         against 0.95 after it, 0.90 on chat against 0.79 (benchmarks/README.md).
         """
-        keep = drafted > 0
-        opening = keep & ~self._opened[rows]
-        if opening.any():
-            self._opened[rows[opening]] = True
-            keep &= ~opening
-        if np.count_nonzero(keep) < keep.size:
-            rows, drafted, accepted = rows[keep], drafted[keep], accepted[keep]
-        n = rows.size
-        if n == 0:
+        rows = _count(self._counts, self._global, self._opened, rows, drafted, accepted,
+                      self.forgetting)
+        if rows.size == 0:
             return
-        drafted = np.minimum(drafted, self.max_positions)
-        accepted = np.minimum(np.maximum(accepted, 0), drafted)
-        pos = self._positions[None, :]
-        # outcome[:, 0]: successes (positions before the first rejection);
-        # outcome[:, 1]: trials (those and the first rejection, if any);
-        # positions after it were never tested (censored).
-        outcome = np.empty((n, 2, self.max_positions))
-        np.less(pos, accepted[:, None], out=outcome[:, 0])
-        np.less(pos, np.minimum(accepted + 1, drafted)[:, None], out=outcome[:, 1])
-        self._counts[rows] = self._counts[rows] * self.forgetting + outcome
-        pooled = self._ones[:n] @ outcome.reshape(n, -1)
-        self._global += pooled.reshape(2, -1)
         self._profile = None
         profile = self.global_profile()
         self._observed_steps += 1
@@ -308,19 +364,7 @@ class AcceptanceEstimator:
         return self._compute_conditional(rows, self.global_profile())
 
     def _compute_conditional(self, rows: np.ndarray, g: np.ndarray) -> np.ndarray:
-        m = self.prior_strength
-        inv = 1.0 / (self._trials[rows] + m)
-        a = (self._succ[rows] + self._prior_share * g) * inv
-        if self.max_positions == 1:
-            return a
-        b = (0.5 * m) * inv
-        b[:, 0] = 1.0
-        cum_b = np.cumprod(b, axis=1)
-        if cum_b[:, -1].min(initial=1.0) > 1e-200:
-            return np.cumsum(a / cum_b, axis=1) * cum_b
-        for p in range(1, self.max_positions):
-            a[:, p] += b[:, p] * a[:, p - 1]
-        return a
+        return _conditional(self._counts, rows, self._prior_share, g, self.prior_strength)
 
     # Subtracted per row (times the row index) from the cached survival so
     # that no two requests hold exactly equal values: a policy that cuts the
@@ -329,12 +373,8 @@ class AcceptanceEstimator:
 
     def _refresh_survival(self, rows: np.ndarray) -> None:
         """Recompute the cached survival table for ``rows`` (after new data or a new profile)."""
-        self._surv[rows] = self._compute_survival(rows, self._surv_profile)
-
-    def _compute_survival(self, rows: np.ndarray, g: np.ndarray) -> np.ndarray:
-        surv = np.cumprod(self._compute_conditional(rows, g), axis=1)
-        surv -= (rows * self.TIE_BREAK)[:, None]
-        return surv
+        _survival(self._counts, rows, self._prior_share, self._surv_profile,
+                  self.prior_strength, self.TIE_BREAK, self._surv)
 
     def survival(self, rows: np.ndarray) -> np.ndarray:
         """``S[r, j]``: probability that drafts ``1..j+1`` are all accepted."""

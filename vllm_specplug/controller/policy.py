@@ -15,11 +15,153 @@ the proposer runs), with ``k[r] <= K_step <= max_k``.
 
 from __future__ import annotations
 
+import functools
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 
 from vllm_specplug.controller.profile import ProfileCorrection, StepProfile
+
+
+@numba.njit(cache=True)
+def _candidates(survival, ceilings, min_survival):
+    """The slots a plan may admit, most likely first (equal ones in row-major
+    order): their survivals, requests and positions, and the deepest position.
+
+    A stable sort: survivals spread over [0, 1] are bucketed by value, which
+    leaves little for an insertion sort to do; where that would take long,
+    a merge sort of the runs of non-increasing survival (rows, as the
+    estimator's are) does it in log2(runs) passes.
+    """
+    batch, width = survival.shape
+    vals = np.empty(batch * width)
+    slot = np.empty(batch * width, dtype=np.int64)  # r * width + p
+    starts = np.empty(batch * width + 1, dtype=np.int64)  # of the runs
+    n = runs = deepest = 0
+    for r in range(batch):
+        for p in range(min(width, max(ceilings[r], 0))):
+            v = survival[r, p]
+            if v >= min_survival:
+                if n == 0 or v > vals[n - 1]:
+                    starts[runs] = n
+                    runs += 1
+                vals[n], slot[n] = v, r * width + p
+                deepest = max(deepest, p)
+                n += 1
+    starts[runs] = n
+    vals, slot = vals[:n], slot[:n]
+    out_vals, out_slot = _bucket_sort(vals, slot)
+    if out_vals.size < n:
+        out_vals, out_slot = _merge_runs(vals, slot, starts, runs)
+    return out_vals, out_slot // width, out_slot % width, deepest
+
+
+@numba.njit(cache=True)
+def _bucket_sort(vals, slot):
+    """``vals`` (and ``slot``) stably sorted, most first, or empty arrays if
+    the insertion sort would take more than a few moves per slot."""
+    n = vals.size
+    bucket = np.empty(n, dtype=np.int64)
+    count = np.zeros(n + 1, dtype=np.int64)
+    for i in range(n):  # non-decreasing as the survival decreases
+        x = (1.0 - vals[i]) * n
+        bucket[i] = 0 if x < 0.0 else (n - 1 if x >= n - 1 else int(x))
+        count[bucket[i] + 1] += 1
+    for b in range(n):
+        count[b + 1] += count[b]
+    out_vals, out_slot = np.empty(n), np.empty(n, dtype=np.int64)
+    for i in range(n):  # in order within a bucket
+        o = count[bucket[i]]
+        out_vals[o], out_slot[o] = vals[i], slot[i]
+        count[bucket[i]] += 1
+    moves = 0
+    for i in range(1, n):
+        v, s = out_vals[i], out_slot[i]
+        o = i
+        while o > 0 and out_vals[o - 1] < v:
+            out_vals[o], out_slot[o] = out_vals[o - 1], out_slot[o - 1]
+            o -= 1
+        out_vals[o], out_slot[o] = v, s
+        moves += i - o
+        if moves > 4 * n:
+            return out_vals[:0], out_slot[:0]
+    return out_vals, out_slot
+
+
+@numba.njit(cache=True)
+def _merge_runs(vals, slot, starts, runs):
+    """Stable merge sort, most first, of ``vals`` (and ``slot``) whose ``runs``
+    non-increasing runs start at ``starts`` (then ``len(vals)``)."""
+    n = vals.size
+    starts = starts.copy()
+    vals, slot = vals.copy(), slot.copy()
+    to_vals, to_slot = np.empty(n), np.empty(n, dtype=np.int64)
+    while runs > 1:
+        merged = 0
+        for i in range(0, runs, 2):
+            lo, mid = starts[i], starts[i + 1]
+            hi = starts[i + 2] if i + 2 <= runs else mid
+            a, b = lo, mid
+            for o in range(lo, hi):
+                # The later run's slot goes first only if strictly more likely.
+                if b < hi and (a == mid or vals[b] > vals[a]):
+                    to_vals[o], to_slot[o] = vals[b], slot[b]
+                    b += 1
+                else:
+                    to_vals[o], to_slot[o] = vals[a], slot[a]
+                    a += 1
+            starts[merged] = lo
+            merged += 1
+        starts[merged] = n
+        runs = merged
+        vals, to_vals, slot, to_slot = to_vals, vals, to_slot, slot
+    return vals, slot
+
+
+@numba.njit(cache=True)
+def _best_plan(vals, rows, at, by_n, ratio, batch, j_first, j_last, draft_pass, owed, k):
+    """The argmax of expected tokens per second over K_step j in [j_first, j_last]
+    and n, the plan that admits the n most likely slots at positions below j.
+
+    Plans are visited K_step by K_step, each along the sorted slots, and the
+    first of equal rates wins.  Returns K_step, n, the rate, its seconds and
+    its expected accepted drafts; fills ``k`` (per request) with its slots.
+    """
+    best, best_j, best_n, best_s, best_g = 0.0, j_first, 0, 0.0, 0.0
+    first = True
+    cut = -np.inf  # below cut * seconds, tokens are certainly a worse rate than the best
+    for j in range(j_first, j_last + 1):
+        passes = (j - 1) * draft_pass
+        n, gain = 0, 0.0
+        for m in range(vals.size):
+            if at[m] < j:
+                n += 1
+                gain += vals[m]
+            elif m > 0:
+                continue  # the same plan as the slot before
+            seconds = max((by_n[n] + passes) * ratio[n], 1e-12)
+            tokens = batch + gain
+            per = seconds + owed * tokens
+            if per > 0.0 and tokens < cut * per:
+                # Short of the best by 1e-12, far more than rounding: the
+                # division (the loop's cost) could only say so.
+                continue
+            rate = tokens / per
+            if first or rate > best or (math.isnan(rate) and not math.isnan(best)):
+                best, best_j, best_n, best_s, best_g = rate, j, n, seconds, gain
+                cut = best * (1.0 - 1e-12) if best > 0.0 else -np.inf
+                first = False
+    taken = 0
+    for m in range(vals.size):
+        if taken == best_n:
+            break
+        if at[m] < best_j:
+            k[rows[m]] += 1
+            taken += 1
+    return best_j, best_n, best, best_s, best_g
 
 
 @dataclass
@@ -55,6 +197,23 @@ class StepPricer:
                 catchup_tokens: float = 0.0) -> bool:
         raw = self.profile.step(tokens, batch, k_step, catchup_tokens)
         return self.correction.observe(tokens, batch, raw, seconds)
+
+
+@dataclass
+class _Prices:
+    """One step's prices for ``GoodputPolicy.decide_priced`` (``GoodputPolicy.prices``)."""
+    batch: int
+    fixed_k_step: int | None
+    plain_full: float    # the plain step, prefill chunk included
+    prefill_p: float     # the prefill chunk's profiled target seconds
+    prefill_s: float     # ... at the step's correction
+    unseen_s: float      # catch-up and draft prefill, paid by a drafting plan
+    owed: float          # unseen_s per token yielded (0 without a horizon)
+    plain: float         # plain decoding's seconds, without the prefill chunk
+    plain_charged: float # ... plus its share of what skipping the draft adds
+    by_n: np.ndarray | None = None   # a drafting step's decode seconds by slots verified
+    ratios: Callable[[int], np.ndarray] | None = None  # its correction, for 0..n-1 slots
+    draft_pass: float = 0.0
 
 
 class GoodputPolicy:
@@ -106,7 +265,6 @@ class GoodputPolicy:
         # Speculation must promise at least this relative gain over plain
         # decoding; keeps noise in the estimates from flapping near 1.0x.
         self.min_gain = min_gain
-        self._positions: dict[int, np.ndarray] = {}
 
     def decide(
         self,
@@ -131,7 +289,14 @@ class GoodputPolicy:
         ``skip_s``, what skipping the draft in this step adds to the pending
         catch-up, the same way (without a horizon, nothing is charged).
         """
-        batch, width = survival.shape
+        prices = self.prices(*survival.shape, base_tokens, pricer, fixed_k_step, catch_up_s,
+                             horizon, skip_s)
+        return self.decide_priced(survival, np.asarray(ceilings), prices)
+
+    def prices(self, batch: int, width: int, base_tokens: float, pricer: StepPricer,
+               fixed_k_step: int | None = None, catch_up_s: float = 0.0,
+               horizon: float | None = None, skip_s: float = 0.0) -> _Prices:
+        """What ``decide`` prices, for ``decide_priced``: one step's shape, any survival."""
         profile, corr = pricer.profile, pricer.correction
         base = max(float(base_tokens), float(batch))
         # Every plan of this step, plain's included, is priced at the
@@ -143,80 +308,69 @@ class GoodputPolicy:
         prefill_f = (profile.first(base) - profile.first(batch)
                      if profile.skips_draft_at_k0 else 0.0)
         plain_full = pricer.seconds(base, batch, 0)
-        prefill_s = prefill_p * corr.ratio(base, batch)
-        unseen_s = catch_up_s + prefill_f * corr.ratio(base, batch)  # paid by drafting plans
+        ratio = corr.ratio(base, batch)
+        prefill_s = prefill_p * ratio
+        unseen_s = catch_up_s + prefill_f * ratio  # paid by drafting plans
         per_token = 1.0 / max(horizon, 1.0) if horizon is not None else 0.0
-        owed = unseen_s * per_token
-        plain = plain_full - prefill_s
+        pr = _Prices(batch, fixed_k_step, plain_full, prefill_p, prefill_s, unseen_s,
+                     owed=unseen_s * per_token, plain=plain_full - prefill_s,
+                     plain_charged=plain_full - prefill_s + skip_s * per_token * batch)
         if fixed_k_step == 0 or width == 0 or batch == 0:
-            return self._plain(batch, plain, prefill_s, fixed_k_step or 0)
-
-        # The candidate slots, most likely first, with their positions.
-        # Slots below MIN_SURVIVAL can never pay for a token of verification.
-        pos = self._positions.get(width)
-        if pos is None or pos.shape[0] < batch:
-            rows = max(64, 1 << (batch - 1).bit_length())
-            pos = self._positions[width] = np.tile(np.arange(width), (rows, 1))
-        pos = pos[:batch].ravel()
-        s = survival.ravel()
-        keep = (s >= self.MIN_SURVIVAL) & (pos < np.repeat(ceilings, width))
-        vals, at = s[keep], pos[keep]
-        order = np.argsort(-vals, kind="stable")
-        vals, at = vals[order], at[order]
-
-        if fixed_k_step is None:
-            if not vals.size:
-                return self._plain(batch, plain, prefill_s, 0)
-            # A K_step past the deepest candidate slot adds a pass for nothing.
-            js = np.arange(1, int(at.max()) + 2)
-        else:
-            js = np.array([fixed_k_step])
+            return pr
         # Profiled seconds of a drafting step's decode work by the number n
         # of slots it verifies (0..all), before the K_step-dependent draft
         # passes: the step less its prefill share.
-        tokens = base + np.arange(vals.size + 1, dtype=np.float64)
-        ratio = corr.ratios_from(int(base), tokens.size, batch)
-        by_n = profile.verify_and_first(tokens) - prefill_p - prefill_f
-        passes = (js - 1) * profile.draft_pass(batch)
-        # Per K_step (rows) and slot in order (columns), the plan that admits
-        # the slots up to it among those at positions below K_step.
-        in_j = at[None, :] < js[:, None]
-        n = np.cumsum(in_j, axis=1, dtype=np.int32)
-        gain = np.where(in_j, vals, 0.0).cumsum(1)
-        seconds = np.maximum((by_n[n] + passes[:, None]) * ratio[n], 1e-12)
-        rate = (batch + gain) / (seconds + owed * (batch + gain))
+        # (The correction's ratios are taken per decision, for as many slots
+        # as it has: ratios_from's single band and several are not
+        # computed alike.)
+        pr.ratios = functools.partial(corr.ratios_from, int(base), batch=batch)
+        tokens = base + np.arange(batch * width + 1, dtype=np.float64)
+        pr.by_n = profile.verify_and_first(tokens) - prefill_p - prefill_f
+        pr.draft_pass = profile.draft_pass(batch)
+        return pr
+
+    def decide_priced(self, survival: np.ndarray, ceilings: np.ndarray, pr: _Prices) -> Decision:
+        """``decide`` for the step ``pr`` prices (``prices``)."""
+        batch, fixed_k_step = pr.batch, pr.fixed_k_step
+        if pr.by_n is None:
+            return self._plain(batch, pr.plain, pr.prefill_s, fixed_k_step or 0)
+        # The candidate slots, most likely first, with their requests and
+        # positions.  Slots below MIN_SURVIVAL can never pay for a token of
+        # verification.
+        vals, rows, at, deepest = _candidates(survival, ceilings, self.MIN_SURVIVAL)
+        if fixed_k_step is None:
+            if not vals.size:
+                return self._plain(batch, pr.plain, pr.prefill_s, 0)
+            # A K_step past the deepest candidate slot adds a pass for nothing.
+            j_first, j_last = 1, deepest + 1
+        else:
+            j_first = j_last = fixed_k_step
+        by_n, ratio = pr.by_n, pr.ratios(vals.size + 1)
+        k = np.zeros(batch, dtype=np.int64)
+        j, slots, best, seconds, gain = _best_plan(vals, rows, at, by_n, ratio, batch, j_first,
+                                                   j_last, pr.draft_pass, pr.owed, k)
         # Without slots: plain decoding, or the pinned K_step's passes alone.
         if fixed_k_step is not None:
-            zero_s = max((by_n[0] + passes[0]) * ratio[0], 1e-12)
+            zero_s = max((by_n[0] + (j_first - 1) * pr.draft_pass) * ratio[0], 1e-12)
             zero = float(batch / zero_s)
         else:
-            zero_s = plain
-            zero = float(batch / (plain + skip_s * per_token * batch))
-        if rate.size:
-            i, m = np.unravel_index(int(np.argmax(rate)), rate.shape)
-            j, slots, best = int(js[i]), int(n[i, m]), float(rate[i, m])
-        else:
-            i = m = 0
-            j, slots, best = int(js[0]), 0, 0.0
+            zero_s = pr.plain
+            zero = float(batch / pr.plain_charged)
         if best < zero * (1.0 + self.min_gain):
             if fixed_k_step is None:
-                return self._plain(batch, plain, prefill_s, 0)
+                return self._plain(batch, pr.plain, pr.prefill_s, 0)
             slots = 0
         if slots == 0:
             return Decision(k_step=j, k=np.zeros(batch, dtype=np.int64),
-                            predicted_seconds=float(zero_s + ratio[0] * prefill_p
-                                                    + (unseen_s if j > 0 else 0.0)),
+                            predicted_seconds=float(zero_s + ratio[0] * pr.prefill_p
+                                                    + (pr.unseen_s if j > 0 else 0.0)),
                             predicted_tokens=float(batch),
-                            plain_seconds=float(plain_full), plain_tokens=float(batch))
-        # The first `slots` admitted slots of the sorted list, by request.
-        chosen = np.flatnonzero(in_j[i])[:slots]
-        rows = np.flatnonzero(keep)[order[chosen]] // width
-        k = np.bincount(rows, minlength=batch).astype(np.int64)
+                            plain_seconds=float(pr.plain_full), plain_tokens=float(batch))
         return Decision(k_step=j, k=k,
-                        predicted_seconds=float(seconds[i, m] + ratio[slots] * prefill_p
-                                                + unseen_s),
-                        predicted_tokens=float(batch + gain[i, m]),
-                        plain_seconds=float(plain_full), plain_tokens=float(batch))
+                        predicted_seconds=float(seconds + ratio[slots] * pr.prefill_p
+                                                + pr.unseen_s),
+                        predicted_tokens=float(batch + gain),
+                        plain_seconds=float(pr.plain_full), plain_tokens=float(batch))
 
     @staticmethod
     def _plain(batch: int, plain: float, prefill_s: float, k_step: int) -> Decision:

@@ -308,15 +308,15 @@ class ProfileCorrection:
     def ratios_from(self, start: int, count: int, batch: int) -> np.ndarray:
         """Ratios for steps of ``batch`` requests and ``start``, ``start + 1``,
         ... ``start + count - 1`` tokens."""
-        row = np.clip(self._level + self._log[self._band(batch, self.BATCH_BANDS)], self.low,
-                      self.high)
         lo, hi = self._band(start, self.BANDS), self._band(start + count - 1, self.BANDS)
+        logs = [min(max(self._level + x, self.low), self.high)
+                for x in self._log[self._band(batch, self.BATCH_BANDS), lo:hi + 1].tolist()]
         if lo == hi:
-            return np.full(count, math.exp(row[lo]))
+            return np.full(count, math.exp(logs[0]))
         # Band b holds [2^b, 2^(b+1)); the last band holds everything past it.
         edges = [start] + [1 << b for b in range(lo + 1, hi + 1)] + [start + count]
         lengths = [e1 - e0 for e0, e1 in zip(edges, edges[1:])]
-        return np.repeat(np.exp(row[lo:hi + 1]), lengths)
+        return np.repeat(np.exp(logs), lengths)
 
     def observe(self, tokens: float, batch: int, profiled: float, measured: float) -> bool:
         """Fold in one step; returns whether it was kept (garbage timings are not)."""

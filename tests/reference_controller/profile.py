@@ -1,0 +1,376 @@
+"""The step-cost profile: what a step costs, measured once before serving.
+
+A step of vLLM with speculative decoding costs, on one engine:
+
+    target(T)                a step that drafts nothing (K_step = 0) over
+                             the T tokens it schedules (decode tokens,
+                             drafts to verify, prefill chunks): the
+                             target's forward pass, sampling and
+                             verification, and whatever the proposer does
+                             at K_step = 0 (vLLM runs a draft model's first
+                             pass there too, unless the zero-cost fallback
+                             skips it);
+  + first(T)                 what drafting at all adds over the same T
+                             tokens (K_step >= 1): the draft's first pass
+                             where K_step = 0 skipped it;
+  + (K_step - 1) * pass(B)   each further draft position, one token for
+                             each of the B requests;
+  + catchup(C)               a draft catch-up over C skipped tokens (the
+                             zero-cost fallback's repair pass, a prefill of
+                             the draft over those tokens).
+
+``StepProfile`` holds the three curves at a handful of sizes, measured at
+start-up on the engine's own shapes (``vllm_specplug.profiling``) or derived
+from a device model (the simulator), and interpolates between them.  On a
+GPU with CUDA graphs a step runs at the next captured size: ``pad_sizes``
+makes the curves step functions there, as vLLM's own adaptive verification
+tables do.
+
+``ProfileCorrection`` is the only price learnt from live steps: per band of
+step size, the median ratio of measured to profiled time, tracked with a
+fixed step in log space and clipped to [0.5, 2].  Drafting and plain
+steps of a band share its ratio, so within a band it moves the price
+level, never the profile's price of drafting against plain decoding; a few
+slow first steps move a price a few percent, not to one that keeps drafting
+off for good.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+def _interp(x: float, xs: list, ys: list) -> float:
+    """Piecewise linear in ``xs``; flat below the first size, the last slope past the last.
+
+    Scalar and on lists: it prices every plan, and NumPy's per-call cost
+    is many times this loop's at a profile's handful of sizes.
+    """
+    if x <= xs[0]:
+        return ys[0]
+    if x >= xs[-1]:
+        if len(xs) == 1:
+            return ys[0] * x / max(xs[0], 1.0)
+        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+        return ys[-1] + max(slope, 0.0) * (x - xs[-1])
+    i = bisect.bisect_right(xs, x)
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+def _interp_many(x: np.ndarray, xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
+    """``_interp`` at each of ``x``."""
+    y = np.interp(x, xs, ys)
+    if xs.size == 1:
+        return np.where(x > xs[0], ys[0] * x / max(xs[0], 1.0), y)
+    slope = max((ys[-1] - ys[-2]) / (xs[-1] - xs[-2]), 0.0)
+    past = x > xs[-1]
+    return np.where(past, ys[-1] + slope * (x - xs[-1]), y) if past.any() else y
+
+
+def isotonic(ys) -> np.ndarray:
+    """The non-decreasing sequence closest to ``ys`` in least squares (pool adjacent violators)."""
+    blocks: list[list[float]] = []  # [mean, count]
+    for y in np.asarray(ys, dtype=np.float64).tolist():
+        blocks.append([y, 1.0])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m1, n1), (m2, n2) = blocks[-2], blocks.pop()
+            blocks[-1] = [(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2]
+    return np.repeat([m for m, _ in blocks], [int(n) for _, n in blocks])
+
+
+@dataclass
+class StepProfile:
+    tokens: np.ndarray      # token sizes of the target and first-pass curves
+    target_s: np.ndarray    # seconds of a K_step = 0 step, per token size
+    first_s: np.ndarray     # what K_step >= 1 adds at that size (0: a lookup proposer)
+    batch: np.ndarray       # request counts of the draft-pass curve
+    pass_s: np.ndarray      # one further draft position over that many requests
+    # The zero-cost fallback's catch-up: seconds per number of caught-up
+    # tokens (None: priced as the first pass over those tokens).
+    catchup_tokens: np.ndarray | None = None
+    catchup_s: np.ndarray | None = None
+    # Captured sizes (CUDA graphs): a step of T tokens runs padded to the next one.
+    pad_sizes: np.ndarray | None = None
+    meta: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("tokens", "target_s", "first_s", "batch", "pass_s"):
+            setattr(self, name, np.asarray(getattr(self, name), dtype=np.float64))
+        if self.tokens.size < 1 or self.batch.size < 1:
+            raise ValueError("a step-cost profile needs at least one size per curve")
+        if self.tokens.size != self.target_s.size or self.tokens.size != self.first_s.size:
+            raise ValueError("tokens, target_s and first_s must have the same length")
+        if self.batch.size != self.pass_s.size:
+            raise ValueError("batch and pass_s must have the same length")
+        if np.any(np.diff(self.tokens) <= 0) or np.any(np.diff(self.batch) <= 0):
+            raise ValueError("profile sizes must be strictly increasing")
+        if not (np.all(np.isfinite(self.target_s)) and np.all(self.target_s > 0)):
+            raise ValueError("target_s must be positive and finite")
+        self.first_s = np.maximum(self.first_s, 0.0)
+        self.pass_s = np.maximum(self.pass_s, 0.0)
+        if self.pad_sizes is not None:
+            self.pad_sizes = np.asarray(sorted(self.pad_sizes), dtype=np.float64)
+        # Python lists for the scalar lookups (see _interp).
+        self._lists = tuple(a.tolist() for a in (self.tokens, self.target_s, self.first_s,
+                                                 self.batch, self.pass_s))
+        self._pads = None if self.pad_sizes is None else self.pad_sizes.tolist()
+        if (self.catchup_tokens is None) != (self.catchup_s is None):
+            raise ValueError("catchup_tokens and catchup_s come together")
+        if self.catchup_tokens is not None:
+            self.catchup_tokens = np.asarray(self.catchup_tokens, dtype=np.float64)
+            self.catchup_s = np.maximum(np.asarray(self.catchup_s, dtype=np.float64), 0.0)
+            if self.catchup_tokens.size != self.catchup_s.size or self.catchup_tokens.size < 1:
+                raise ValueError("catchup_tokens and catchup_s must have the same length")
+            order = np.argsort(self.catchup_tokens)
+            self._catchup = (self.catchup_tokens[order].tolist(), self.catchup_s[order].tolist())
+
+    # -- pricing -------------------------------------------------------------
+    def _pad(self, x):
+        if self.pad_sizes is None or self.pad_sizes.size == 0:
+            return x
+        idx = np.searchsorted(self.pad_sizes, x)
+        padded = self.pad_sizes[np.minimum(idx, self.pad_sizes.size - 1)]
+        # Past the largest captured size vLLM runs eagerly, unpadded.
+        return np.where(idx < self.pad_sizes.size, padded, x)
+
+    def _pad1(self, x: float) -> float:
+        pads = self._pads
+        if not pads or x > pads[-1]:
+            return x  # past the largest captured size vLLM runs eagerly, unpadded
+        return pads[bisect.bisect_left(pads, x)]
+
+    def target(self, tokens: float) -> float:
+        return _interp(self._pad1(float(tokens)), self._lists[0], self._lists[1])
+
+    def first(self, tokens: float) -> float:
+        if tokens <= 0:
+            return 0.0
+        return _interp(self._pad1(float(tokens)), self._lists[0], self._lists[2])
+
+    def verify_and_first(self, tokens: np.ndarray) -> np.ndarray:
+        """``target + first`` at each of ``tokens`` (an array): a drafting step before its
+        further passes."""
+        # Each curve on its own: past the last size each keeps its own
+        # (non-negative) slope, as target() and first() do.
+        t = self._pad(np.asarray(tokens, dtype=np.float64))
+        return (_interp_many(t, self.tokens, self.target_s)
+                + np.where(t > 0, _interp_many(t, self.tokens, self.first_s), 0.0))
+
+    def draft_pass(self, batch: float) -> float:
+        return _interp(self._pad1(float(batch)), self._lists[3], self._lists[4])
+
+    def catchup(self, tokens: float) -> float:
+        """A draft catch-up over ``tokens`` skipped tokens."""
+        if tokens <= 0:
+            return 0.0
+        if self.catchup_tokens is None:
+            return self.first(tokens)
+        xs, ys = self._catchup
+        if len(xs) == 1:
+            return ys[0] * tokens / max(xs[0], 1.0)
+        return max(_interp(float(tokens), xs, ys), 0.0)
+
+    def draft(self, tokens: float, batch: float, k_step: int) -> float:
+        """What drafting ``k_step`` positions adds to a step of ``tokens``."""
+        if k_step <= 0:
+            return 0.0
+        return self.first(tokens) + (k_step - 1) * self.draft_pass(batch)
+
+    def step(self, tokens: float, batch: float, k_step: int, catchup_tokens: float = 0.0) -> float:
+        return (self.target(tokens) + self.draft(tokens, batch, k_step)
+                + self.catchup(catchup_tokens))
+
+    def monotone(self) -> "StepProfile":
+        """This profile with every curve non-decreasing in its size (``isotonic``).
+
+        More tokens in a step, or more requests in a draft pass, should not
+        cost less.  Where measured medians say so (noise, or a kernel that
+        happens to be slower at one size) the fit averages the two, so the
+        argmax does not chase the dip.
+        """
+        catchup = (None, None) if self.catchup_tokens is None else (
+            self._catchup[0], isotonic(self._catchup[1]))
+        return StepProfile(self.tokens, isotonic(self.target_s), isotonic(self.first_s),
+                           self.batch, isotonic(self.pass_s), *catchup,
+                           pad_sizes=self.pad_sizes, meta=dict(self.meta))
+
+    @property
+    def skips_draft_at_k0(self) -> bool:
+        """``first`` is the draft's pass that a K_step = 0 step skips (zero-cost fallback).
+
+        Otherwise it is what drafting adds to a step that runs the draft anyway.
+        """
+        return bool(self.meta.get("zero_cost_fallback"))
+
+    def with_first_pass_at_k0(self) -> "StepProfile":
+        """This profile where the draft's first pass runs at K_step = 0 too (no skipping)."""
+        meta = dict(self.meta, zero_cost_fallback=False)
+        return StepProfile(self.tokens, self.target_s + self.first_s, np.zeros_like(self.first_s),
+                           self.batch, self.pass_s, pad_sizes=self.pad_sizes, meta=meta)
+
+    # -- storage -------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return {
+            "tokens": self.tokens.tolist(), "target_s": self.target_s.tolist(),
+            "first_s": self.first_s.tolist(), "batch": self.batch.tolist(),
+            "pass_s": self.pass_s.tolist(),
+            "catchup_tokens": None if self.catchup_tokens is None else self.catchup_tokens.tolist(),
+            "catchup_s": None if self.catchup_s is None else self.catchup_s.tolist(),
+            "pad_sizes": None if self.pad_sizes is None else self.pad_sizes.tolist(),
+            "meta": self.meta,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "StepProfile":
+        missing = [k for k in ("tokens", "target_s", "first_s", "batch", "pass_s") if k not in d]
+        if missing:
+            raise ValueError(f"step-cost profile lacks {', '.join(missing)}")
+        return cls(d["tokens"], d["target_s"], d["first_s"], d["batch"], d["pass_s"],
+                   d.get("catchup_tokens"), d.get("catchup_s"), d.get("pad_sizes"),
+                   dict(d.get("meta") or {}))
+
+    def save(self, path: str) -> None:
+        with open(path, "w") as f:
+            json.dump(self.to_dict(), f, indent=1)
+
+    @classmethod
+    def load(cls, path: str) -> "StepProfile":
+        with open(path) as f:
+            return cls.from_dict(json.load(f))
+
+    def table(self) -> str:
+        """The profile as a Markdown table (milliseconds)."""
+        lines = ["| tokens in step | target step (ms) | draft first pass (ms) |",
+                 "|---:|---:|---:|"]
+        for t, a, b in zip(self.tokens, self.target_s, self.first_s):
+            lines.append(f"| {int(t)} | {a * 1e3:.2f} | {b * 1e3:.2f} |")
+        lines += ["", "| requests | one more draft position (ms) |", "|---:|---:|"]
+        for b, p in zip(self.batch, self.pass_s):
+            lines.append(f"| {int(b)} | {p * 1e3:.2f} |")
+        if self.catchup_tokens is not None:
+            lines += ["", "| caught-up tokens | catch-up (ms) |", "|---:|---:|"]
+            for c, t in zip(*self._catchup):
+                lines.append(f"| {int(c)} | {t * 1e3:.2f} |")
+        return "\n".join(lines)
+
+
+class ProfileCorrection:
+    """Per step shape, a median ratio of measured to profiled step time.
+
+    A shape is the power-of-two band of the step's tokens and that of its
+    requests: one request verifying four drafts and five requests decoding
+    plainly both run five tokens, but not the same draft passes nor
+    attention over the same contexts.  Its ratio is a level common to all
+    shapes (a host faster than when the profile was cached, contexts longer
+    than the profile's) times its own residual, so a shape the policy has not
+    run is priced at the level, as the shapes it runs are, and plans in
+    different shapes compare at one price.  Drafting and plain steps of a
+    shape share its ratio.  Each kept step moves the level and its shape's
+    ratio toward its own by at most ``step`` (running medians): a stall or a
+    few cold first steps move a price by a few percent at most, a steady
+    mismatch is absorbed within a few dozen steps.  Ratios stay in
+    [``low``, ``high``], residuals are forgotten toward the level and the
+    level toward 1 (``forget`` per observed step): the profile remains the
+    source of the price.
+    """
+
+    BANDS = 24        # token bands
+    BATCH_BANDS = 12  # request bands
+
+    def __init__(self, step: float = 0.02, low: float = 0.5, high: float = 2.0,
+                 forget: float = 0.002) -> None:
+        self.step = step
+        # A shape no step visits any more drifts back to the level, instead
+        # of keeping an old price.
+        self.keep = 1.0 - forget
+        self.low, self.high = math.log(low), math.log(high)
+        self._level = 0.0
+        self._log = np.zeros((self.BATCH_BANDS, self.BANDS))  # residuals
+        self.observations = 0
+
+    @staticmethod
+    def _band(n: float, bands: int) -> int:
+        return min(max(int(math.log2(max(n, 1.0))), 0), bands - 1)
+
+    def _at(self, tokens: float, batch: int) -> tuple[int, int]:
+        return self._band(batch, self.BATCH_BANDS), self._band(tokens, self.BANDS)
+
+    def ratio(self, tokens: float, batch: int) -> float:
+        return math.exp(min(max(self._level + self._log[self._at(tokens, batch)], self.low),
+                            self.high))
+
+    def ratios_from(self, start: int, count: int, batch: int) -> np.ndarray:
+        """Ratios for steps of ``batch`` requests and ``start``, ``start + 1``,
+        ... ``start + count - 1`` tokens."""
+        row = np.clip(self._level + self._log[self._band(batch, self.BATCH_BANDS)], self.low,
+                      self.high)
+        lo, hi = self._band(start, self.BANDS), self._band(start + count - 1, self.BANDS)
+        if lo == hi:
+            return np.full(count, math.exp(row[lo]))
+        # Band b holds [2^b, 2^(b+1)); the last band holds everything past it.
+        edges = [start] + [1 << b for b in range(lo + 1, hi + 1)] + [start + count]
+        lengths = [e1 - e0 for e0, e1 in zip(edges, edges[1:])]
+        return np.repeat(np.exp(row[lo:hi + 1]), lengths)
+
+    def observe(self, tokens: float, batch: int, profiled: float, measured: float) -> bool:
+        """Fold in one step; returns whether it was kept (garbage timings are not)."""
+        if not (profiled > 0 and math.isfinite(measured) and measured > 0):
+            return False
+        at = self._at(tokens, batch)
+        self._log *= self.keep
+        seen = math.log(measured / profiled)
+        # The shape's own price moves one step whatever the level does.
+        total = self._toward(self._level + self._log[at], seen)
+        self._level = self._toward(self._level * self.keep, seen)
+        self._log[at] = total - self._level
+        self.observations += 1
+        return True
+
+    def _toward(self, cur: float, seen: float) -> float:
+        cur += min(max(seen - cur, -self.step), self.step)  # met, not circled
+        return min(max(cur, self.low), self.high)
+
+    def learnt(self) -> dict[str, float]:
+        """The level (``"common"``) and the shapes steps have moved, as
+        ``"<tokens>x<batch>"`` (each band's first value) -> ratio."""
+        rows, cols = np.nonzero(self._log)
+        return {"common": round(math.exp(self._level), 3)} | {
+            f"{1 << int(c)}x{1 << int(r)}": round(self.ratio(1 << int(c), 1 << int(r)), 3)
+            for r, c in zip(rows, cols)}
+
+
+def prior_profile(platform: str, draft_size_ratio: float | None, max_tokens: int,
+                  max_batch: int, draft_runs_at_k0: bool = False) -> StepProfile:
+    """A profile from parameter counts alone, for ``profile: off``.
+
+    Only relative costs matter to the policy (it compares rates), so the unit
+    is one plain decode step of one request.  On a CPU the forward pass is
+    compute-bound almost at once (verifying 4 drafts cost about 2x a plain
+    step here); on a GPU small steps are memory-bound and extra tokens are
+    nearly free.  A draft model's passes cost its share of the parameters;
+    ``draft_size_ratio=None`` is a lookup proposer (n-gram), whose work is on
+    the host and nearly free.  ``draft_runs_at_k0``: vLLM runs the draft's
+    first pass at K_step = 0 too, so it belongs to the K_step = 0 step.
+    """
+    per_token = 0.25 if platform == "cpu" else 0.02
+    tokens = np.unique(np.geomspace(1, max(max_tokens, 2), 8).round())
+    batch = np.unique(np.geomspace(1, max(max_batch, 2), 6).round())
+    target = 1.0 + per_token * (tokens - 1)
+    if draft_size_ratio is None:
+        first = np.zeros_like(tokens)
+        passes = 0.005 * batch
+    else:
+        ratio = 0.5 * min(max(draft_size_ratio, 0.02), 1.0)
+        first = ratio * target
+        passes = ratio * (1.0 + per_token * (batch - 1))
+        if draft_runs_at_k0:
+            target, first = target + first, np.zeros_like(tokens)
+    skips = draft_size_ratio is not None and not draft_runs_at_k0
+    return StepProfile(tokens, target, first, batch, passes,
+                       meta={"source": "prior", "platform": platform, "zero_cost_fallback": skips})

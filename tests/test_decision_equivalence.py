@@ -1,0 +1,277 @@
+"""The controller's decisions are those of its pre-optimisation implementation.
+
+``tests/reference_controller`` is a verbatim copy of ``vllm_specplug.controller``
+as it was before the decision-cost work (issue 49): plain NumPy, a full sort
+and a K_step x slots matrix per decision.  Every optimisation must leave every
+decision as it was: the same K_step and per-request k, the same predictions
+(to 1e-9 relative).  Random inputs, seeded; no vLLM, a few seconds.
+"""
+
+import math
+
+import numpy as np
+import pytest
+import reference_controller as ref
+
+import vllm_specplug.controller as new
+
+RTOL = 1e-9
+
+
+def _close(a: float, b: float) -> bool:
+    if math.isnan(a) or math.isnan(b):
+        return math.isnan(a) and math.isnan(b)
+    return a == b or abs(a - b) <= RTOL * max(abs(a), abs(b))
+
+
+def assert_same(got, want, where=""):
+    assert got.k_step == want.k_step, where
+    np.testing.assert_array_equal(got.k, want.k, err_msg=where)
+    for name in ("predicted_seconds", "predicted_tokens", "plain_seconds", "plain_tokens"):
+        assert _close(getattr(got, name), getattr(want, name)), (where, name)
+
+
+def random_profile_dict(rng) -> dict:
+    def sizes(n, top):
+        return np.unique(np.round(np.geomspace(1, top, n)) + rng.integers(0, 3, n)).tolist()
+
+    tokens = sizes(int(rng.integers(1, 9)), float(rng.choice([8, 512, 8192])))
+    batch = sizes(int(rng.integers(1, 7)), float(rng.choice([4, 64, 1024])))
+    t = np.asarray(tokens)
+    target = rng.uniform(1e-3, 20e-3) + rng.uniform(0, 1e-3) * t * rng.choice([0.01, 1.0])
+    target = target * rng.uniform(0.9, 1.1, t.size)  # not always monotone
+    first = (rng.uniform(0, 0.5) * target * rng.uniform(0.8, 1.2, t.size)
+             if rng.random() < 0.8 else np.zeros(t.size))
+    passes = rng.uniform(0, 3e-3) * (1.0 + rng.uniform(0, 0.05) * np.asarray(batch))
+    d = {"tokens": tokens, "target_s": target.tolist(), "first_s": first.tolist(),
+         "batch": batch, "pass_s": passes.tolist(),
+         "meta": {"zero_cost_fallback": bool(rng.random() < 0.5)}}
+    if rng.random() < 0.4:
+        c = sizes(int(rng.integers(1, 5)), 2048.0)
+        d["catchup_tokens"] = c
+        d["catchup_s"] = (rng.uniform(0, 2e-3) + rng.uniform(0, 1e-5) * np.asarray(c)).tolist()
+    if rng.random() < 0.4:
+        d["pad_sizes"] = sorted(set(rng.integers(1, 2048, int(rng.integers(1, 12))).tolist()))
+    return d
+
+
+def random_pricers(rng):
+    d = random_profile_dict(rng)
+    pricers = (ref.StepPricer(ref.StepProfile.from_dict(d)),
+               new.StepPricer(new.StepProfile.from_dict(d)))
+    for _ in range(int(rng.choice([0, 3, 40]))):  # a correction with a few shapes moved
+        args = (float(rng.integers(1, 5000)), int(rng.integers(1, 600)),
+                int(rng.integers(0, 9)), float(rng.uniform(1e-4, 0.2)))
+        for p in pricers:
+            p.observe(*args)
+    return pricers
+
+
+def random_survival(rng, batch: int, width: int) -> np.ndarray:
+    """Rows non-increasing along positions; some below MIN_SURVIVAL, some tied;
+    a few unsorted."""
+    kind = rng.integers(0, 6)
+    if kind == 5:  # survivals within a hair of each other (the sort's slow path)
+        return np.sort(0.5 + 1e-9 * rng.random((batch, width)), axis=1)[:, ::-1].copy()
+    if kind == 4:  # not what the estimator gives, but the rule is defined for it
+        return rng.choice([rng.uniform(0, 1, (batch, width)),
+                           rng.choice([0.0005, 0.3, 0.6], (batch, width))])
+    if kind == 0:
+        alpha = rng.uniform(0.0, 1.0, (batch, width))
+    elif kind == 1:
+        alpha = rng.uniform(0.5, 1.0, (batch, width)) ** rng.uniform(0.1, 3.0, (batch, 1))
+    elif kind == 2:  # coarse values: ties within and across rows
+        alpha = rng.choice([0.25, 0.5, 0.75, 1.0], (batch, width))
+    else:
+        alpha = np.broadcast_to(rng.uniform(0.3, 1.0, (1, width)), (batch, width))
+    surv = np.cumprod(alpha, axis=1)
+    if rng.random() < 0.5:  # the estimator's tie-break
+        surv = surv - (rng.permutation(batch) * 1e-12)[:, None]
+    return np.ascontiguousarray(surv)
+
+
+def random_decide_args(rng):
+    batch = int(rng.choice([1, 2, 3, 8, 64, 600]) if rng.random() < 0.5
+                else rng.integers(1, 601))
+    width = int(rng.integers(1, 11))
+    survival = random_survival(rng, batch, width)
+    ceilings = rng.integers(0, width + 2, batch) if rng.random() < 0.7 else np.full(batch, width)
+    base = float(batch + (rng.integers(0, 2048) if rng.random() < 0.4 else 0))
+    fixed = None if rng.random() < 0.7 else int(rng.integers(0, width + 3))
+    kw = {"fixed_k_step": fixed}
+    if rng.random() < 0.5:
+        kw.update(catch_up_s=float(rng.uniform(0, 0.05)), skip_s=float(rng.uniform(0, 0.01)),
+                  horizon=float(rng.uniform(1, 5000)) if rng.random() < 0.7 else None)
+    return survival, ceilings.astype(np.int64), base, kw
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_goodput_decide_matches_reference(seed):
+    rng = np.random.default_rng(seed)
+    for case in range(150):
+        survival, ceilings, base, kw = random_decide_args(rng)
+        ref_pricer, new_pricer = random_pricers(rng)
+        min_gain = float(rng.choice([0.0, 0.02, 0.1]))
+        want = ref.GoodputPolicy(min_gain).decide(survival.copy(), ceilings.copy(), base,
+                                                  ref_pricer, **kw)
+        got = new.GoodputPolicy(min_gain).decide(survival.copy(), ceilings.copy(), base,
+                                                 new_pricer, **kw)
+        assert_same(got, want, f"seed {seed} case {case}")
+
+
+def _drive(ctrl, rng_seed: int, steps: int, max_k: int, pinned: bool):
+    """Random traffic through one controller; yields its decisions."""
+    rng = np.random.default_rng(rng_seed)
+    alive: list[str] = []
+    nid = 0
+    alphas: dict[str, float] = {}
+    previous: dict[str, int] = {}
+    last = None
+    for step in range(steps):
+        # Arrivals and departures.
+        for _ in range(int(rng.poisson(2.0 if len(alive) < 40 else 0.5))):
+            rid = f"r{nid}"
+            nid += 1
+            ctrl.add_request(rid, None if rng.random() < 0.7 else int(rng.integers(0, max_k + 1)))
+            alive.append(rid)
+            alphas[rid] = float(rng.uniform(0.05, 0.99))
+        for rid in list(alive):
+            if rng.random() < 0.03:
+                alive.remove(rid)
+                ctrl.finish_request(rid)
+        if not alive:
+            continue
+        batch = list(alive) if rng.random() < 0.9 else list(rng.permutation(alive))
+        # Learning from the previous plan's drafts: the planned batch, or the
+        # requests that drafted (some finished since).
+        ids = last if last is not None and rng.random() < 0.5 else [
+            r for r in batch if previous.get(r, 0) > 0]
+        drafted = [previous.get(r, 0) for r in ids]
+        accepted = [min(int(rng.geometric(1.0 - alphas[r])) - 1, d) for r, d in zip(ids, drafted)]
+        ctrl.observe_verifications(ids, drafted, accepted)
+        tokens = len(batch) + sum(drafted)
+        ctrl.observe_step(len(batch), tokens, int(rng.integers(0, max_k + 1)),
+                          float(rng.uniform(1e-3, 50e-3)),
+                          int(rng.integers(0, 64)) if rng.random() < 0.2 else 0)
+        kw = {}
+        if rng.random() < 0.3:
+            kw["base_tokens"] = len(batch) + int(rng.integers(0, 1024))
+        if rng.random() < 0.4:
+            kw["caps"] = rng.integers(0, 3 * max_k + 2, len(batch)).tolist()
+        if rng.random() < 0.3:
+            kw["catchup_tokens"] = int(rng.integers(0, 256))
+            kw["catchup_if_plain"] = kw["catchup_tokens"] + int(rng.integers(0, 16))
+        if pinned:
+            kw["fixed_k_step"] = int(rng.integers(0, max_k + 1))
+        d = ctrl.plan(batch, **kw)
+        previous = dict(zip(batch, d.k.tolist()))
+        last = batch
+        yield step, d
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_controller_traffic_matches_reference(seed):
+    rng = np.random.default_rng(1000 + seed)
+    max_k = int(rng.integers(1, 11))
+    d = random_profile_dict(rng)
+    settings = {"max_k": max_k, "min_gain": float(rng.choice([0.0, 0.02])),
+                "probe_interval": int(rng.integers(1, 6)), "probe_k": int(rng.integers(1, 3)),
+                "profile_correction": bool(rng.random() < 0.8)}
+    pinned = bool(rng.random() < 0.25)
+    a = ref.SpecController(ref.ControllerSettings(**settings), ref.StepProfile.from_dict(d))
+    b = new.SpecController(new.ControllerSettings(**settings), new.StepProfile.from_dict(d))
+    steps = 300
+    for (step, want), (_, got) in zip(_drive(a, seed, steps, max_k, pinned),
+                                      _drive(b, seed, steps, max_k, pinned)):
+        assert_same(got, want, f"seed {seed} step {step}")
+    sa, sb = a.stats, b.stats
+    for name in ("steps", "sum_k_step", "granted_slots", "fallback_request_steps",
+                 "probes_sent", "probes_succeeded", "recoveries", "drafted", "accepted"):
+        assert getattr(sa, name) == getattr(sb, name), name
+    np.testing.assert_array_equal(sa.k_counts, sb.k_counts)
+
+
+@pytest.mark.parametrize("batch", [1, 64, 512])
+def test_benchmark_traffic_matches_reference(batch):
+    """The traffic of benchmarks/decision_cost.py (probes pending at 64)."""
+    a = ref.SpecController(ref.ControllerSettings(max_k=8),
+                           ref.prior_profile("cuda", 0.05, batch * 9, batch))
+    b = new.SpecController(new.ControllerSettings(max_k=8),
+                           new.prior_profile("cuda", 0.05, batch * 9, batch))
+    ids = [f"req-{i}" for i in range(batch)]
+    rng = np.random.default_rng(batch)
+    alphas = rng.uniform(0.1, 0.95, size=batch)
+    previous = np.zeros(batch, dtype=np.int64)
+    for step in range(150):
+        want, got = a.plan(ids), b.plan(ids)
+        assert_same(got, want, f"step {step}")
+        accepted = np.minimum(rng.geometric(1.0 - alphas) - 1, previous)
+        tokens = batch + int(previous.sum())
+        seconds = a.profile.step(tokens, batch, want.k_step) * rng.lognormal(0.0, 0.1)
+        for c in (a, b):
+            c.observe_verifications(ids, previous, accepted)
+            c.observe_step(batch, tokens, want.k_step, seconds)
+        previous = want.k.copy()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_estimator_matches_reference(seed):
+    """Survival tables and conditional acceptance, bit for bit, through random
+    verifications, departures and prior-strength changes; and the recurrence's
+    loop for an underflowing product (no forgetting, huge histories)."""
+    rng = np.random.default_rng(2000 + seed)
+    width = int(rng.integers(1, 11))
+    kw = {"forgetting": float(rng.choice([0.5, 0.85, 1.0])),
+          "prior_strength": float(rng.choice([0.5, 2.0, 8.0])),
+          "initial_acceptance": float(rng.uniform(0.2, 0.9)), "initial_capacity": 4}
+    a, b = ref.AcceptanceEstimator(width, **kw), new.AcceptanceEstimator(width, **kw)
+    ids: list[str] = []
+    for step in range(300):
+        for _ in range(int(rng.poisson(1.0))):
+            ids.append(f"r{step}-{len(ids)}")
+            assert a.add(ids[-1]) == b.add(ids[-1])
+        if ids and rng.random() < 0.1:
+            gone = ids.pop(int(rng.integers(len(ids))))
+            a.remove(gone)
+            b.remove(gone)
+        if not ids:
+            continue
+        rows = np.array([a.row(r) for r in ids], dtype=np.intp)
+        drafted = rng.integers(0, width + 3, rows.size)
+        accepted = rng.integers(-1, width + 3, rows.size)
+        a.observe_rows(rows, drafted, accepted)
+        b.observe_rows(rows, drafted, accepted)
+        np.testing.assert_array_equal(b.survival(rows), a.survival(rows))
+        np.testing.assert_array_equal(b.conditional(rows), a.conditional(rows))
+        assert a.prior_strength == b.prior_strength
+    # Underflow: the closed form gives way to the loop.
+    trials = 1e30 * rng.uniform(1, 2, (a.capacity, width))
+    successes = trials * rng.uniform(0, 1, (a.capacity, width))
+    for est in (a, b):
+        est._counts[:, 1], est._counts[:, 0] = trials, successes
+    rows = np.arange(a.capacity, dtype=np.intp)
+    np.testing.assert_array_equal(b.conditional(rows), a.conditional(rows))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_candidate_order_is_a_stable_sort(seed):
+    """The slots in the order the reference sorts them (``argsort(-s, kind="stable")``),
+    on both of the sort's paths: spread survivals and clustered ones."""
+    from vllm_specplug.controller.policy import _candidates
+
+    rng = np.random.default_rng(3000 + seed)
+    for _ in range(200):
+        batch, width = int(rng.integers(1, 700)), int(rng.integers(1, 11))
+        survival = random_survival(rng, batch, width)
+        if rng.random() < 0.3:
+            survival = 0.5 + 1e-9 * rng.random((batch, width))
+        ceilings = rng.integers(0, width + 2, batch)
+        vals, rows, at, deepest = _candidates(survival, ceilings, 1e-3)
+        pos = np.arange(width)[None, :]
+        keep = (survival >= 1e-3) & (pos < ceilings[:, None])
+        r, p = np.nonzero(keep)
+        order = np.argsort(-survival[keep], kind="stable")
+        np.testing.assert_array_equal(vals, survival[keep][order])
+        np.testing.assert_array_equal(rows, r[order])
+        np.testing.assert_array_equal(at, p[order])
+        assert deepest == (p.max() if p.size else 0)
