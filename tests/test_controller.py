@@ -793,7 +793,7 @@ def test_k_never_exceeds_ceilings_or_k_step(policy, static_k):
             catchup = int(rng.integers(0, 300)) if rng.random() < 0.2 else 0
             caps = rng.integers(0, max_k + 1, size=len(ids)) if rng.random() < 0.2 else None
             d = ctrl.plan(ids, base_tokens=base, fixed_k_step=fixed, catchup_tokens=catchup,
-                          caps=caps)
+                          tokens_left=None if caps is None else caps + 2)
             assert d.k.shape == (len(ids),) and d.k.dtype.kind == "i"
             assert 0 <= d.k_step <= max_k
             if fixed is not None:
@@ -1129,11 +1129,11 @@ def test_goodput_policy_direct_threshold():
 
 
 def test_a_catch_up_is_spread_over_the_tokens_the_batch_has_left():
-    # Zero-cost fallback.  With caps (max_tokens less output less 2) the
+    # Zero-cost fallback.  With tokens_left (max_tokens less the output) the
     # pending catch-up is paid once for drafting over the rest of the batch's
     # tokens: perfect drafts resume after any fallback while enough tokens
     # are left to win it back, and stay in fallback (no probe either) when
-    # too few are.  Without caps the horizon is unknown and nothing is
+    # too few are.  Without tokens_left the horizon is unknown and nothing is
     # charged.  Either way a plan that drafts reports it in its seconds.
     profile = tiny_serve_profile()
     ctrl = SpecController(ControllerSettings(max_k=4), profile)
@@ -1146,16 +1146,16 @@ def test_a_catch_up_is_spread_over_the_tokens_the_batch_has_left():
     owed = ctrl.plan(["a", "b"], catchup_tokens=20000)
     assert owed.k.tolist() == base.k.tolist() == [4, 4]
     assert owed.predicted_seconds - base.predicted_seconds == pytest.approx(catch_up)
-    many = ctrl.plan(["a", "b"], catchup_tokens=20000, caps=[1000, 1000])
+    many = ctrl.plan(["a", "b"], catchup_tokens=20000, tokens_left=[1002, 1002])
     assert many.k.tolist() == [4, 4]
     assert many.predicted_seconds == pytest.approx(
-        ctrl.plan(["a", "b"], caps=[1000, 1000]).predicted_seconds + catch_up)
-    few = ctrl.plan(["a", "b"], catchup_tokens=20000, caps=[10, 10])
+        ctrl.plan(["a", "b"], tokens_left=[1002, 1002]).predicted_seconds + catch_up)
+    few = ctrl.plan(["a", "b"], catchup_tokens=20000, tokens_left=[12, 12])
     assert few.k_step == 0 and few.k.tolist() == [0, 0]
     for _ in range(40):  # due probes go through the same argmax, catch-up included
-        assert ctrl.plan(["a", "b"], catchup_tokens=20000, caps=[10, 10]).k_step == 0
+        assert ctrl.plan(["a", "b"], catchup_tokens=20000, tokens_left=[12, 12]).k_step == 0
     # A small catch-up (a few skipped steps) is won back in a few tokens.
-    assert ctrl.plan(["a", "b"], catchup_tokens=8, caps=[10, 10]).k.tolist() == [4, 4]
+    assert ctrl.plan(["a", "b"], catchup_tokens=8, tokens_left=[12, 12]).k.tolist() == [4, 4]
 
 
 def qwen_cpu_profile() -> StepProfile:
@@ -1194,13 +1194,13 @@ def test_a_step_that_prefills_drafts_when_drafting_pays():
             if live:
                 ctrl.observe_verifications(live, [4] * len(live), [3] * len(live))
         ids = live + ["new"]
-        d = ctrl.plan(ids, base_tokens=batch - 1 + prompt, caps=[40] * (batch - 1) + [62])
+        d = ctrl.plan(ids, base_tokens=batch - 1 + prompt, tokens_left=[42] * (batch - 1) + [64])
         # The argmax's own plan (not a probe, which predicts no tokens).
         assert d.k.min() > 0 and d.predicted_tokens > batch + 1, (batch, d)
         # The draft's pass over the prompt is in the step's predicted seconds.
         profile = ctrl.profile
         assert d.predicted_seconds > profile.step(batch - 1 + prompt + int(d.k.sum()), batch, 0)
-        few = ctrl.plan(ids, base_tokens=batch - 1 + prompt, caps=[0] * (batch - 1) + [1])
+        few = ctrl.plan(ids, base_tokens=batch - 1 + prompt, tokens_left=[2] * (batch - 1) + [3])
         assert few.k_step == 0, (batch, few)
 
 
@@ -1216,22 +1216,25 @@ def test_leaving_drafting_costs_a_catch_up_so_break_even_does_not_flap():
     caps = [50] * 4
     fresh_skip = 4 * 90  # back to each block's start, if this step skipped the draft
 
-    def argmax_tokens(accepted, **kw):
-        """Expected tokens of the argmax's plan (the batch's 4: plain), no probe."""
+    def argmax_drafts(accepted, **kw):
+        """Whether the argmax's plan drafts (the four requests are alike: all or none).
+
+        A plan that drafts for nobody leaves them in fallback, where a probe
+        may go out with the plan: that is the argmax choosing plain."""
         ctrl = SpecController(ControllerSettings(max_k=8), qwen_cpu_profile())
         for r in ids:
             ctrl.add_request(r)
         for a in accepted * 5:  # one draft a step, accepted or not
             ctrl.observe_verifications(ids, [1] * 4, [a] * 4)
-        return ctrl.plan(ids, caps=caps, **kw).predicted_tokens
+        d = ctrl.plan(ids, tokens_left=[c + 2 for c in caps], **kw)
+        return bool(d.k.sum() > 0) and ctrl.stats.probes_sent == 0
 
     # A third of the drafts accepted: drafting and plain price within a few
     # percent of each other at four requests.
     near = [0, 1, 0]
-    assert argmax_tokens(near) == 4  # priced on this step alone, plain wins narrowly
-    assert argmax_tokens(near, catchup_if_plain=fresh_skip) > 4  # leaving costs a catch-up
+    assert not argmax_drafts(near)  # priced on this step alone, plain wins narrowly
+    assert argmax_drafts(near, catchup_if_plain=fresh_skip)  # leaving costs a catch-up
     # Once in fallback, coming back costs it: the same estimates stay plain.
-    assert argmax_tokens(near, catchup_tokens=fresh_skip, catchup_if_plain=fresh_skip + 4) == 4
-    assert argmax_tokens([0], catchup_if_plain=fresh_skip) == 4
-    assert argmax_tokens([1, 1, 0], catchup_tokens=fresh_skip,
-                         catchup_if_plain=fresh_skip + 4) > 4
+    assert not argmax_drafts(near, catchup_tokens=fresh_skip, catchup_if_plain=fresh_skip + 4)
+    assert not argmax_drafts([0], catchup_if_plain=fresh_skip)
+    assert argmax_drafts([1, 1, 0], catchup_tokens=fresh_skip, catchup_if_plain=fresh_skip + 4)

@@ -49,7 +49,8 @@ from vllm_specplug.config import (
     SpecPlugRequestError,
     parse_request_args,
 )
-from vllm_specplug.controller import SpecController, StepProfile, prior_profile, warm_up
+from vllm_specplug.controller import (UNKNOWN_DRAFT_RATIO, SpecController, StepProfile,
+                                      prior_profile, warm_up)
 
 logger = logging.getLogger("vllm.specplug")
 
@@ -245,7 +246,7 @@ class AdaptiveSpecState:
         vllm_config, spec = self.vllm_config, self.vllm_config.speculative_config
         ratio = None
         if self.method in DRAFT_MODEL_METHODS:
-            ratio = 0.1
+            ratio = UNKNOWN_DRAFT_RATIO
             try:
                 draft = _approx_params(spec.draft_model_config.hf_config)
                 target = _approx_params(vllm_config.model_config.hf_config)
@@ -436,17 +437,14 @@ class _AdaptiveSpecMixin:
                                         requests[rid].num_computed_tokens, sp.block_size)
                         for rid, n in scheduled.items())
                     if sp.zero_cost_fallback else None)
-        # Drafts planned now are verified next step, which emits at most
-        # k + 1 tokens; this step emits at least one.  More drafts than a
-        # request has tokens left for cannot be used.
-        caps = [max(int(requests[rid].max_tokens) - requests[rid].num_output_tokens - 2, 0)
-                for rid in decoding]
+        tokens_left = [int(requests[rid].max_tokens) - requests[rid].num_output_tokens
+                       for rid in decoding]
         decision = sp.controller.plan(
             decoding,
             base_tokens=max(base_tokens, len(decoding)),
             fixed_k_step=vllm_k_step if sp.k_step_pinned else None,
             catchup_tokens=catchup,
-            caps=caps,
+            tokens_left=tokens_left,
             catchup_if_plain=if_plain,
         )
         k_step = min(int(decision.k_step), sp.num_spec_tokens)

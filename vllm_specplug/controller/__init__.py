@@ -15,12 +15,14 @@ from vllm_specplug.controller.policy import (
     StepPricer,
 )
 from vllm_specplug.controller.profile import (
+    UNKNOWN_DRAFT_RATIO,
     ProfileCorrection,
     StepProfile,
     prior_profile,
 )
 
 __all__ = [
+    "UNKNOWN_DRAFT_RATIO",
     "AcceptanceEstimator",
     "ControllerSettings",
     "ControllerStats",

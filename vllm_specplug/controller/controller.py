@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from vllm_specplug.controller.estimator import AcceptanceEstimator
+from vllm_specplug.controller.estimator import (FORGETTING, INITIAL_ACCEPTANCE, PRIOR_STRENGTH,
+                                                AcceptanceEstimator)
 from vllm_specplug.controller.policy import (
     Decision,
     GoodputPolicy,
@@ -24,7 +25,8 @@ from vllm_specplug.controller.policy import (
     StaticPolicy,
     StepPricer,
 )
-from vllm_specplug.controller.profile import ProfileCorrection, StepProfile, prior_profile
+from vllm_specplug.controller.profile import (UNKNOWN_DRAFT_RATIO, ProfileCorrection,
+                                              StepProfile, prior_profile)
 
 
 @dataclass
@@ -32,9 +34,9 @@ class ControllerSettings:
     max_k: int
     policy: str = "goodput"
     static_k: int | None = None
-    forgetting: float = 0.9
-    prior_strength: float = 0.5
-    initial_acceptance: float = 0.6
+    forgetting: float = FORGETTING
+    prior_strength: float = PRIOR_STRENGTH
+    initial_acceptance: float = INITIAL_ACCEPTANCE
     min_gain: float = 0.02
     probe_k: int = 1
     probe_interval: int = 4
@@ -89,7 +91,7 @@ class SpecController:
             initial_acceptance=settings.initial_acceptance,
         )
         if profile is None:
-            profile = prior_profile("cpu", 0.3, 64 * (width + 1), 64)
+            profile = prior_profile("cpu", UNKNOWN_DRAFT_RATIO, 64 * (width + 1), 64)
         self.pricer = StepPricer(profile, ProfileCorrection())
         self.goodput = GoodputPolicy(min_gain=settings.min_gain)
         static_k = settings.max_k if settings.static_k is None else settings.static_k
@@ -245,7 +247,7 @@ class SpecController:
         base_tokens: int | None = None,
         fixed_k_step: int | None = None,
         catchup_tokens: int = 0,
-        caps=None,
+        tokens_left=None,
         catchup_if_plain: int | None = None,
     ) -> Decision:
         """K for each of ``req_ids`` (decoding requests) in the next step.
@@ -254,17 +256,19 @@ class SpecController:
         expected to schedule (defaults to one per request).  ``fixed_k_step``
         pins K_step for proposers that need it (and for data parallelism).
         ``catchup_tokens``: tokens a draft model skipped (zero-cost fallback)
-        and must process before it drafts again.  ``caps``: per request, the
-        most drafts it can use in this plan, ``max_tokens`` less its output
-        less 2 (a request about to reach ``max_tokens`` cannot use more than
-        the tokens it has left); a request capped at 0 is not in fallback.
+        and must process before it drafts again.  ``tokens_left``: per
+        request, ``max_tokens`` less its output so far.  Drafts planned now
+        are verified next step, which yields at most k + 1 tokens, and this
+        step yields at least one: a request can use at most ``tokens_left -
+        2`` drafts (one capped at 0 is not in fallback).
         ``catchup_if_plain``: the catch-up tokens pending after this step if
-        it drafts nothing.  With caps, the catch-up and the draft's pass over
-        a prefill chunk are spread over the tokens the batch has left (caps +
-        2 each) and charged per token to plans that draft, and what a plain
-        step adds to the catch-up is charged to plain decoding the same way
-        (``GoodputPolicy``); without caps nothing is charged.  The catch-up
-        and the pass are in the predicted seconds of a plan that drafts.
+        it drafts nothing.  With ``tokens_left``, the catch-up and the
+        draft's pass over a prefill chunk are spread over the tokens the
+        batch has left and charged per token to plans that draft, and what a
+        plain step adds to the catch-up is charged to plain decoding the
+        same way (``GoodputPolicy``); without it nothing is charged.  The
+        catch-up and the pass are in the predicted seconds of a plan that
+        drafts.
         """
         batch = len(req_ids)
         if batch == 0:
@@ -272,10 +276,12 @@ class SpecController:
         rows = self.rows(req_ids)
         ceilings = self._ceiling[rows]
         policy = self.settings.policy
+        caps = (None if tokens_left is None else
+                np.maximum(np.asarray(tokens_left, dtype=np.int64) - 2, 0))
         # The static policy is vLLM's static K, a baseline: it drafts K up to
         # max_tokens as vLLM does.
         if caps is not None and policy != "static":
-            ceilings = np.minimum(ceilings, np.asarray(caps, dtype=np.int64))
+            ceilings = np.minimum(ceilings, caps)
         base = float(batch if base_tokens is None else base_tokens)
         if policy == "static":
             decision = self.static.decide(ceilings, fixed_k_step)
@@ -287,15 +293,14 @@ class SpecController:
             skip = (profile.catchup(catchup_if_plain) - catch_up
                     if catchup_if_plain and catchup_if_plain > catchup_tokens else 0.0)
             # What the draft has not seen buys drafting for the batch's tokens
-            # left: caps + 2 each (the step that verifies a plan yields at
-            # most caps + 1 more, this one at least one).
+            # left (those of a request past its last usable draft count as 2).
             horizon = (float(np.sum(caps)) + 2.0 * batch
                        if caps is not None and fixed_k_step is None else None)
             survival = self.estimator.survival(rows)
             prices = self.goodput.prices(batch, survival.shape[1], base, self.pricer,
                                          fixed_k_step, catch_up, horizon, skip)
             decision = self.goodput.decide_priced(survival, ceilings, prices)
-            self._probe(rows, ceilings, decision, survival, prices)
+            decision = self._probe(rows, ceilings, decision, survival, prices)
         self._account(rows, ceilings, decision)
         self.last_decision = decision
         return decision
@@ -319,7 +324,7 @@ class SpecController:
         self._probe_size[passed] = np.minimum(self._probe_size[passed] * 2,
                                               np.maximum(self._ceiling[passed], 1))
 
-    def _probe(self, rows, ceilings, decision, survival, prices) -> None:
+    def _probe(self, rows, ceilings, decision, survival, prices) -> Decision:
         """Send a small probe to requests that sat in fallback long enough.
 
         A request granted nothing while its ceiling allows drafts is in
@@ -330,9 +335,10 @@ class SpecController:
         the same catch-up charges, must grant them slots; the probe is no
         deeper than that plan would grant, nor than the K_step of a plan
         that drafts.  Its verdict arrives a step later; one that never comes
-        (``PROBE_TIMEOUT`` plans) counts as a failure.
+        (``PROBE_TIMEOUT`` plans) counts as a failure.  Returns the plan to
+        send: ``decision``, or the plan with the probes, priced.
         """
-        k = decision.k
+        k = decision.k.copy()
         now = self.stats.steps
         fallback = (k == 0) & (ceilings > 0)
         back = rows[(k > 0) & (self._in_fallback[rows] != 0)]
@@ -342,7 +348,7 @@ class SpecController:
             self._probe_ok[back] = 0
         self._in_fallback[rows] = fallback
         if not fallback.any():
-            return
+            return decision
         probing = self._probe_at[rows] >= 0
         expired = probing & (now - self._probe_at[rows] >= self.PROBE_TIMEOUT)
         if expired.any():
@@ -353,7 +359,7 @@ class SpecController:
         due = waiting & ((self._waited[rows] >= self._backoff[rows]) | (self._probe_ok[rows] != 0))
         due_idx = np.flatnonzero(due)
         if not due_idx.size:
-            return
+            return decision
         hopeful = survival.copy()
         hopeful[due_idx] = self.PROBE_OPTIMISM ** np.arange(1, hopeful.shape[1] + 1)
         plan = self.goodput.decide_priced(hopeful, ceilings, prices)
@@ -362,15 +368,16 @@ class SpecController:
         if decision.k_step > 0 and not pinned:
             depth = min(depth, decision.k_step)
         if depth <= 0:
-            return
+            return decision
         due_rows = rows[due_idx]
         probe_k = np.minimum(np.minimum(self._probe_size[due_rows], ceilings[due_idx]), depth)
         k[due_idx] = probe_k
         self._probe_at[due_rows] = now
         self._waited[due_rows] = 0
         self.stats.probes_sent += int(due_idx.size)
-        if not pinned:
-            decision.k_step = max(decision.k_step, int(probe_k.max()))
+        k_step = decision.k_step if pinned else max(decision.k_step, int(probe_k.max()))
+        # The plan as sent, probes and all, is what is priced.
+        return self.goodput.price(survival, k, k_step, prices)
 
     def _account(self, rows: np.ndarray, ceilings: np.ndarray, decision: Decision) -> None:
         s = self.stats

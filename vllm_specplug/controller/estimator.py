@@ -104,13 +104,19 @@ def _survival(counts, rows, prior_share, g, m, tie_break, surv):
             surv[rows[i], p] = run - rows[i] * tie_break
 
 
+# The estimate's defaults, also ``ControllerSettings``' (and so the server's).
+FORGETTING = 0.9
+PRIOR_STRENGTH = 0.5
+INITIAL_ACCEPTANCE = 0.6
+
+
 class AcceptanceEstimator:
     def __init__(
         self,
         max_positions: int,
-        forgetting: float = 0.85,
-        prior_strength: float = 2.0,
-        initial_acceptance: float = 0.6,
+        forgetting: float = FORGETTING,
+        prior_strength: float = PRIOR_STRENGTH,
+        initial_acceptance: float = INITIAL_ACCEPTANCE,
         initial_capacity: int = 64,
     ) -> None:
         if max_positions < 1:

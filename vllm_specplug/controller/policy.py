@@ -1,9 +1,12 @@
 """Policies: how many draft slots each request gets in the next step.
 
-Every policy answers the same question with the same inputs: for a batch of
-``B`` decoding requests with per-request ceilings, return ``k[r]`` (drafts to
-verify for request ``r`` next step) and ``K_step`` (how many draft positions
-the proposer runs), with ``k[r] <= K_step <= max_k``.
+Every policy answers the same question: for a batch of ``B`` decoding
+requests with per-request ceilings, return ``k[r]`` (drafts to verify for
+request ``r`` next step) and ``K_step`` (how many draft positions the
+proposer runs), with ``k[r] <= K_step <= max_k``.  Each takes what it needs
+(``SpecController.plan`` calls each with its own): the goodput policy the
+survival estimates and the step's prices, the static one the ceilings, the
+heuristic one its per-request state.
 
 - ``GoodputPolicy`` (the default): one argmax of expected tokens per second
   over K_step and the number of admitted slots, priced from the step-cost
@@ -369,6 +372,21 @@ class GoodputPolicy:
         return Decision(k_step=j, k=k,
                         predicted_seconds=float(seconds + ratio[slots] * pr.prefill_p
                                                 + pr.unseen_s),
+                        predicted_tokens=float(batch + gain),
+                        plain_seconds=float(pr.plain_full), plain_tokens=float(batch))
+
+    def price(self, survival: np.ndarray, k: np.ndarray, k_step: int, pr: _Prices) -> Decision:
+        """The plan ``k`` (drafts per request) at ``k_step``, priced as ``decide_priced``
+        prices the plans it compares: for a plan changed after the argmax (a probe)."""
+        batch = pr.batch
+        n = int(k.sum())
+        if n == 0 or pr.by_n is None:
+            return self._plain(batch, pr.plain, pr.prefill_s, k_step)
+        ratio = float(pr.ratios(n + 1)[n])
+        seconds = max((pr.by_n[n] + (k_step - 1) * pr.draft_pass) * ratio, 1e-12)
+        gain = sum(float(survival[r, :k[r]].sum()) for r in np.flatnonzero(k))
+        return Decision(k_step=k_step, k=k,
+                        predicted_seconds=float(seconds + ratio * pr.prefill_p + pr.unseen_s),
                         predicted_tokens=float(batch + gain),
                         plain_seconds=float(pr.plain_full), plain_tokens=float(batch))
 

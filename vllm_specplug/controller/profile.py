@@ -345,6 +345,12 @@ class ProfileCorrection:
             for r, c in zip(rows, cols)}
 
 
+# The draft's share of the target's parameters when it cannot be counted
+# (a controller built without a profile, a config without sizes): about the
+# Qwen2.5-Coder 0.5B draft's share of its 1.5B target.
+UNKNOWN_DRAFT_RATIO = 0.3
+
+
 def prior_profile(platform: str, draft_size_ratio: float | None, max_tokens: int,
                   max_batch: int, draft_runs_at_k0: bool = False) -> StepProfile:
     """A profile from parameter counts alone, for ``profile: off``.
