@@ -266,7 +266,9 @@ class GoodputPolicy:
 
     def __init__(self, min_gain: float = 0.02) -> None:
         # Speculation must promise at least this relative gain over plain
-        # decoding; keeps noise in the estimates from flapping near 1.0x.
+        # decoding: a bias toward plain decoding of estimates near 1.0x (it
+        # moves break-even, it remembers nothing; the catch-up charge is what
+        # keeps a choice near break-even under the zero-cost fallback).
         self.min_gain = min_gain
 
     def decide(
