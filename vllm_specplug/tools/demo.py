@@ -40,20 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     return served_main(["--served", "--quick", "--out", args.out])
 
 
-def run() -> None:
-    """``main``, then leave without the interpreter's module teardown.
-
-    Every server has stopped and every file is written when ``main``
-    returns; what the teardown would add is Triton's nanobind reporting
-    objects it never freed ("nanobind: leaked ..."), a page of lines after
-    the table.  So the demo's last screen is its result."""
-    import os
-
-    code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code or 0)
-
-
 if __name__ == "__main__":
-    run()
+    from vllm_specplug.tools.bench import exit_quietly
+
+    exit_quietly(main())

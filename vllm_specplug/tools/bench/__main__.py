@@ -373,4 +373,6 @@ def _vllm_version() -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from vllm_specplug.tools.bench import exit_quietly
+
+    exit_quietly(main())
