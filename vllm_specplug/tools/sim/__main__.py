@@ -61,7 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m vllm_specplug.tools.sim",
                                 description=__doc__.split("\n\n")[0])
     gpus = [k for k in DEVICES if k != "cpu"]
-    p.add_argument("--gpu", choices=gpus, default="h200", help="device of the GPU setups")
+    p.add_argument("--gpu", choices=gpus, default="h200",
+                   help="device of the GPU setups: h200 = passes measured on an H200; "
+                        "h200-roofline and h100 = the roofline")
     p.add_argument("--setup", type=_names(SETUP_KEYS, "setup"), default=list(SETUP_KEYS),
                    help="comma list of " + ", ".join(SETUP_KEYS))
     p.add_argument("--scenarios", type=_names(PARAMETRIC, "scenario"),

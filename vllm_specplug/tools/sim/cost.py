@@ -1,9 +1,16 @@
-"""Roofline step-cost model: named devices, named models, named setups.
+"""Step-cost model: named devices, named models, named setups.
 
-One forward pass of a model over ``T`` tokens costs
+**Measured pricing** (``h200``, the default GPU): each forward pass is priced
+from passes measured on one H200 (``measured.py``, ``data/README.md``), plus
+the named assumptions below for what that table does not hold (host time,
+all-reduce between TP ranks, the controller's decision).
+
+**Roofline pricing** (``h200-roofline``, ``h100``: devices without a measured
+table, and the CPU profile with fitted constants).  One forward pass of a
+model over ``T`` tokens costs
 
     t_pass = max(bytes / (tp * bandwidth * eff_bw), flops / (tp * peak * eff_flops))
-             + pass overhead + layers * (layer overhead + 2 * all-reduce if tp > 1)
+             + pass overhead + layers * layer overhead + all-reduces (tp > 1)
 
 with ``bytes`` = the weights read once per pass (every layer and the LM head;
 the input embedding is a gather of ``T`` rows, negligible) + the KV cache read
@@ -11,7 +18,9 @@ by attention (each request's whole context, once per pass, however many query
 tokens it has) + the KV written for the new tokens, and ``flops`` = 2 per
 weight per token + 4 per (query token, context token) pair per attention
 layer.  Efficiencies and overheads are stated assumptions, not vendor figures
-(see ``benchmarks/SIMULATOR.md``).
+(see ``benchmarks/SIMULATOR.md``).  Against the measured H200 passes this is
+optimistic: the 8B target's measured passes take 1.45x it (median), the 70B
+TP=2 rank 1.27x, the 1B draft 3.4x, the EAGLE-3 layer 1.20x.
 
 A speculative step is the target's verification pass over every scheduled
 token (1 + k_r per decoding request, plus prefill chunks) and the proposer's
@@ -33,11 +42,48 @@ Nothing here imports vLLM or the controller.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 import numpy as np
 
+from vllm_specplug.tools.sim import measured
+
 GB = 1e9
 TB = 1e12
+
+
+# -- assumptions (no measurement behind them) -----------------------------------
+# Host time on the critical path of a GPU step that CUDA graphs and async
+# scheduling do not hide: scheduler, input preparation, sampler, rejection
+# sampler.  The measured table has none (it times graph replays alone).
+HOST_STEP_S = 0.6e-3  # per target step (its verification pass)
+HOST_DRAFT_PASS_S = 0.08e-3  # per draft pass (launch, the draft's sampling)
+# Tensor parallelism: the measured 70B and 1B rows are ONE rank of TP=2, with
+# no communication.  Each layer adds two all-reduces of the pass's
+# activations (after attention and after the MLP), each a fixed latency plus
+# its bytes (padded tokens x hidden x 2, bf16) at an NVLink bus bandwidth:
+# both assumed (NCCL / vLLM's custom all-reduce on 2 x H200 SXM), not measured.
+ALLREDUCE_LATENCY_S = 7e-6
+ALLREDUCE_BUS_BYTES_PER_S = 360e9
+# The controller's work per step on the scheduler's critical path
+# (``SpecController.plan`` + one step's learning, ``observe_verifications`` +
+# ``observe_step``), in microseconds by batch size, charged to the policies
+# that run the controller (goodput, heuristic, ctrl-static-K).  Measured on
+# this project's 2-core CPU machine (shared with other jobs) by
+#     .venv/bin/python benchmarks/decision_cost.py --batch B --k 8 --platform cuda
+# (median plan + median learn, 2000 decisions) at B = 1, 64, 512, with the
+# controller of 2026-12-04 (being optimised: re-measure and update the
+# table when it changes; on the shared machine a second run of the same
+# controller under heavier load read 73 / 236 / 361 us, so take these to
+# +-40%).  Linear in log B between the points, held outside.
+DECISION_US = {1: 121.0, 64: 187.0, 512: 425.0}
+
+
+def decision_seconds(batch: int) -> float:
+    """The controller's critical-path time for a step of ``batch`` requests."""
+    bs = np.array(sorted(DECISION_US), dtype=np.float64)
+    us = np.array([DECISION_US[b] for b in sorted(DECISION_US)])
+    return float(np.interp(np.log(max(batch, 1)), np.log(bs), us)) * 1e-6
 
 
 @dataclass(frozen=True)
@@ -46,35 +92,41 @@ class Device:
     mem_bandwidth: float  # bytes/s, vendor peak (or fitted effective for the CPU)
     peak_flops: float  # dense bf16 FLOP/s, vendor peak (or fitted effective)
     memory_bytes: float
-    bw_efficiency: float  # achievable fraction of mem_bandwidth
-    flops_efficiency: float  # achievable fraction of peak_flops
+    bw_efficiency: float  # achievable fraction of mem_bandwidth (roofline only)
+    flops_efficiency: float  # achievable fraction of peak_flops (roofline only)
     step_overhead_s: float  # per target forward: launch, sampler, host bookkeeping
     pass_overhead_s: float  # per draft forward
     layer_overhead_s: float  # per layer per forward (kernel launch not hidden)
-    allreduce_s: float  # one all-reduce of activations between TP ranks
+    allreduce_s: float  # latency of one all-reduce between TP ranks
     platform: str  # "cuda" or "cpu"
     source: str = ""
     cuda_graphs: bool = False  # passes padded to vLLM's capture sizes
+    allreduce_bytes_per_s: float = ALLREDUCE_BUS_BYTES_PER_S
+    # A measured pass table (file in ``data/``, see ``measured.py``): passes
+    # priced from it instead of the roofline.
+    table: str | None = None
 
 
 # Vendor figures: NVIDIA H100 / H200 product pages and datasheets (SXM form
 # factor).  "BF16 Tensor Core 1,979 TFLOPS" there is *with sparsity*; dense
 # is half: 989.5 TFLOP/s.  HBM: H100 SXM 80 GB HBM3 at 3.35 TB/s, H200 SXM
-# 141 GB HBM3e at 4.8 TB/s.  Efficiencies and overheads: assumptions.
+# 141 GB HBM3e at 4.8 TB/s.  Efficiencies (roofline only): assumptions.
 _GPU_ASSUMPTIONS = dict(
     bw_efficiency=0.80,
     flops_efficiency=0.70,
-    step_overhead_s=0.6e-3,
-    pass_overhead_s=0.08e-3,
+    step_overhead_s=HOST_STEP_S,
+    pass_overhead_s=HOST_DRAFT_PASS_S,
     layer_overhead_s=0.0,
-    allreduce_s=7e-6,
+    allreduce_s=ALLREDUCE_LATENCY_S,
     platform="cuda",
     cuda_graphs=True,
 )
+H200_TABLE = "h200-2026-12-04.jsonl"
 
 DEVICES: dict[str, Device] = {
+    # No measured table: roofline.
     "h100": Device(
-        name="NVIDIA H100 SXM",
+        name="NVIDIA H100 SXM (roofline)",
         mem_bandwidth=3.35 * TB,
         peak_flops=989.5e12,
         memory_bytes=80 * GB,
@@ -82,8 +134,20 @@ DEVICES: dict[str, Device] = {
                "BF16 1,979 TFLOPS with sparsity",
         **_GPU_ASSUMPTIONS,
     ),
+    # Passes priced from the table measured on one H200 (measured.py).
     "h200": Device(
         name="NVIDIA H200 SXM",
+        mem_bandwidth=4.8 * TB,
+        peak_flops=989.5e12,
+        memory_bytes=141 * GB,
+        source="passes measured on one H200 (torch 2.11, CUDA 13, bf16, CUDA graphs): "
+               f"data/{H200_TABLE}",
+        table=H200_TABLE,
+        **_GPU_ASSUMPTIONS,
+    ),
+    # The same device priced by the roofline (for comparison with the table).
+    "h200-roofline": Device(
+        name="NVIDIA H200 SXM (roofline)",
         mem_bandwidth=4.8 * TB,
         peak_flops=989.5e12,
         memory_bytes=141 * GB,
@@ -132,6 +196,9 @@ class ModelShape:
     extra_params: float = 0.0
     lm_head_vocab: int | None = None
     attn_in: int | None = None  # input width of q/k/v (EAGLE-3: 2 * hidden)
+    # (tp, model name in a measured table): the rows that time this model,
+    # one rank of that tensor-parallel size.
+    measured_as: tuple[tuple[int, str], ...] = ()
     bytes_per_param: float = 2.0  # bf16
     kv_bytes_per_elem: float = 2.0
 
@@ -186,16 +253,19 @@ class ModelShape:
 
 # Shapes from the models' published Hugging Face configs.
 MODELS: dict[str, ModelShape] = {
-    "llama-3-70b": ModelShape("Llama-3-70B", 8192, 80, 64, 8, 128, 28672, 128256),
-    "llama-3.1-8b": ModelShape("Llama-3.1-8B", 4096, 32, 32, 8, 128, 14336, 128256),
+    "llama-3-70b": ModelShape("Llama-3-70B", 8192, 80, 64, 8, 128, 28672, 128256,
+                              measured_as=((2, "llama-3-70b-tp2"),)),
+    "llama-3.1-8b": ModelShape("Llama-3.1-8B", 4096, 32, 32, 8, 128, 14336, 128256,
+                               measured_as=((1, "llama-3.1-8b"),)),
     "llama-3.2-1b": ModelShape("Llama-3.2-1B", 2048, 16, 32, 8, 64, 8192, 128256,
-                               tied_embeddings=True),
+                               tied_embeddings=True, measured_as=((2, "llama-3.2-1b-tp2"),)),
     # EAGLE-3-like head for Llama-3.1-8B: one decoder layer whose q/k/v read
     # [embedding; fused features] (2 * hidden), a 3h -> h fusion of three
     # target layers' features, and a 32k draft vocabulary LM head.
     "eagle3-llama-3.1-8b": ModelShape(
         "EAGLE-3 head (Llama-3.1-8B)", 4096, 1, 32, 8, 128, 14336, 128256,
-        extra_params=3 * 4096 * 4096, lm_head_vocab=32000, attn_in=8192),
+        extra_params=3 * 4096 * 4096, lm_head_vocab=32000, attn_in=8192,
+        measured_as=((1, "eagle3-8b"),)),
     "qwen2.5-1.5b": ModelShape("Qwen2.5(-Coder)-1.5B", 1536, 28, 12, 2, 128, 8960, 151936,
                                tied_embeddings=True),
     "qwen2.5-0.5b": ModelShape("Qwen2.5(-Coder)-0.5B", 896, 24, 14, 2, 64, 4864, 151936,
@@ -342,11 +412,36 @@ def make_setup(key: str, gpu: str = "h200", draft_at_k0: bool = True,
     return s
 
 
+def measured_table(device: Device, model: ModelShape, tp: int) -> measured.PassTable:
+    """The measured rows of ``model`` at tensor-parallel size ``tp`` on ``device``."""
+    names = dict(model.measured_as)
+    _, tables = measured.load(device.table)
+    if tp not in names or names[tp] not in tables:
+        raise ValueError(
+            f"{device.table} has no passes of {model.name} at TP={tp}; use a roofline device "
+            f"(--gpu h200-roofline) for it")
+    return tables[names[tp]]
+
+
+class PassShape(NamedTuple):
+    """What a pass runs over, for the measured pricing: ``n_dec`` decoding
+    requests with ``dec_ctx`` cached tokens in all, and prefill chunks
+    ``chunks`` after ``chunk_ctx`` cached tokens each (None: none)."""
+
+    n_dec: float
+    dec_ctx: float
+    chunks: np.ndarray | None = None
+    chunk_ctx: np.ndarray | None = None
+
+
 class StepCost:
     """Seconds of one engine step, from what the step does (noise-free).
 
     Padding follows the engine: a speculative engine captures its uniform
-    decode sizes as well as the plain grid (``Setup.capture_sizes``)."""
+    decode sizes as well as the plain grid (``Setup.capture_sizes``).  The
+    pass itself comes from the device's measured table when it has one
+    (``measured.py``), from the roofline otherwise; host time per pass and
+    the all-reduces are added to either."""
 
     def __init__(self, setup: Setup) -> None:
         self.setup = setup
@@ -355,10 +450,12 @@ class StepCost:
         d = setup.device
         self.bw = setup.tp * d.mem_bandwidth * d.bw_efficiency
         self.fl = setup.tp * d.peak_flops * d.flops_efficiency
-        comm = 2 * d.allreduce_s if setup.tp > 1 else 0.0
         t, q = setup.target, setup.draft
-        self.target_fixed = d.step_overhead_s + t.layers * (d.layer_overhead_s + comm)
-        self.draft_fixed = d.pass_overhead_s + q.layers * (d.layer_overhead_s + comm)
+        self.target_fixed = d.step_overhead_s + t.layers * d.layer_overhead_s
+        self.draft_fixed = d.pass_overhead_s + q.layers * d.layer_overhead_s
+        self.tables = None
+        if d.table is not None:
+            self.tables = {id(m): measured_table(d, m, setup.tp) for m in (t, q)}
 
     # -- one pass, vectorised over candidate plans ---------------------------
     def padded(self, tokens, speculative: bool = True):
@@ -370,31 +467,51 @@ class StepCost:
         idx = np.searchsorted(pads, t)
         return np.where(idx < pads.size, pads[np.minimum(idx, pads.size - 1)], t)
 
+    def allreduce(self, model: ModelShape, padded):
+        """Two all-reduces per layer between TP ranks (assumed, see ALLREDUCE_*)."""
+        if self.setup.tp <= 1:
+            return 0.0
+        d = self.setup.device
+        n = self.setup.tp
+        size = np.asarray(padded, dtype=np.float64) * model.hidden * model.bytes_per_param
+        one = d.allreduce_s + size * 2.0 * (n - 1) / n / d.allreduce_bytes_per_s
+        return 2.0 * model.layers * one
+
     def _pass(self, model: ModelShape, fixed: float, tokens, kv_read_tokens, pairs,
-              speculative: bool):
+              speculative: bool, shape: PassShape | None = None):
+        padded = self.padded(tokens, speculative)
+        extra = fixed + self.allreduce(model, padded)
+        if self.tables is not None:
+            if shape is None:  # one token per request
+                shape = PassShape(float(tokens), float(kv_read_tokens))
+            return self.tables[id(model)].pass_seconds(
+                tokens, padded, shape.n_dec, shape.dec_ctx, shape.chunks, shape.chunk_ctx) + extra
         bytes_ = (model.weight_bytes + (np.asarray(kv_read_tokens) + tokens)
                   * model.kv_bytes_per_token)
-        flops = np.asarray(self.padded(tokens, speculative)) * model.flops_per_token \
+        flops = np.asarray(padded) * model.flops_per_token \
             + np.asarray(pairs) * model.attn_flops_per_pair
-        return np.maximum(bytes_ / self.bw, flops / self.fl) + fixed
+        return np.maximum(bytes_ / self.bw, flops / self.fl) + extra
 
-    def target_pass(self, tokens, kv_read_tokens, pairs, speculative: bool = True):
+    def target_pass(self, tokens, kv_read_tokens, pairs, speculative: bool = True,
+                    shape: PassShape | None = None):
         return self._pass(self.setup.target, self.target_fixed, tokens, kv_read_tokens, pairs,
-                          speculative)
+                          speculative, shape)
 
-    def draft_pass(self, tokens, kv_read_tokens, pairs):
+    def draft_pass(self, tokens, kv_read_tokens, pairs, shape: PassShape | None = None):
+        """A draft pass; without ``shape``, ``tokens`` requests of one token each."""
         return self._pass(self.setup.draft, self.draft_fixed, tokens, kv_read_tokens, pairs,
-                          True)
+                          True, shape)
 
-    def draft_time(self, k_step, tokens, n_decode, kv_read_tokens, pairs, ctx_decode):
+    def draft_time(self, k_step, tokens, n_decode, kv_read_tokens, pairs, ctx_decode,
+                   shape: PassShape | None = None):
         """The proposer's work for a step with ``K_step`` draft positions.
 
-        First pass over the step's scheduled tokens (skipped at K_step=0 in
-        the zero-cost variant), then ``K_step - 1`` passes over one token per
-        decoding request.
+        First pass over the step's scheduled tokens (``shape``; skipped at
+        K_step=0 in the zero-cost variant), then ``K_step - 1`` passes over
+        one token per decoding request.
         """
         k_step = np.asarray(k_step)
-        first = self.draft_pass(tokens, kv_read_tokens, pairs)
+        first = self.draft_pass(tokens, kv_read_tokens, pairs, shape)
         if not self.setup.draft_at_k0:
             first = np.where(k_step > 0, first, 0.0)
         more = np.maximum(k_step - 1, 0)
@@ -427,10 +544,13 @@ class StepCost:
             kv += float(prefill_ctx.sum())
             c = prefill_chunk
             pairs += float((c * prefill_ctx + c * (c + 1) / 2).sum())
-        t = float(self.target_pass(tokens, kv, pairs, speculative))
+        has_chunks = prefill_chunk is not None and len(prefill_chunk)
+        shape = PassShape(len(ctx_decode), ctx_sum, prefill_chunk if has_chunks else None,
+                          prefill_ctx if has_chunks else None)
+        t = float(self.target_pass(tokens, kv, pairs, speculative, shape))
         if speculative:
             t += float(self.draft_time(k_step, tokens, n_dec, kv, pairs,
-                                       ctx_sum if draft_ctx is None else draft_ctx))
+                                       ctx_sum if draft_ctx is None else draft_ctx, shape))
         return t
 
     # -- analytic helpers (tests, crossover, vLLM's batch table) --------------
@@ -514,6 +634,22 @@ def crossover_batch(setup: Setup, k: int, alpha: float, ctx: float | None = None
     return None
 
 
+def best_static_by_batch(setup: Setup, alpha: float, batches, ctx: float = 1024.0,
+                         max_k: int | None = None) -> dict[int, tuple[int, float]]:
+    """Per batch size: the best static K and its expected speedup over plain
+    decoding (decode-only steps at context ``ctx``, homogeneous acceptance
+    ``alpha``), host time included."""
+    cost = setup.cost()
+    surv = survival_curve(alpha, setup.acceptance.decay, setup.max_k)
+    out = {}
+    for b in batches:
+        plain = cost.expected_goodput(b, 0, ctx, surv)
+        best = max(range(1 + (max_k or setup.max_k)),
+                   key=lambda k: (cost.expected_goodput(b, k, ctx, surv), -k))
+        out[b] = (best, cost.expected_goodput(b, best, ctx, surv) / plain)
+    return out
+
+
 def describe(setup: Setup) -> dict:
     t, q, d = setup.target, setup.draft, setup.device
     return {
@@ -543,7 +679,13 @@ def describe(setup: Setup) -> dict:
                                      // (setup.workload.prompt_median
                                          + setup.workload.output_median)),
         "draft_size_ratio": round(setup.draft_size_ratio(), 4),
-        "ridge_tokens": round(_ridge_tokens(setup), 1),
+        "pricing": (f"measured passes (data/{d.table})" if d.table else "roofline"),
+        "ridge_tokens": "-" if d.table else round(_ridge_tokens(setup), 1),
+        "host_step_ms": round(d.step_overhead_s * 1e3, 3),
+        "host_draft_pass_ms": round(d.pass_overhead_s * 1e3, 3),
+        "allreduce": (None if setup.tp <= 1 else
+                      f"2 per layer, {d.allreduce_s * 1e6:g} us + bytes at "
+                      f"{d.allreduce_bytes_per_s / 1e9:g} GB/s (assumed)"),
     }
 
 

@@ -45,9 +45,11 @@ import numpy as np
 from vllm_specplug.controller import ControllerSettings, SpecController, StepProfile
 from vllm_specplug.tools.sim.clock import Realism, StepClock
 from vllm_specplug.tools.sim.cost import (
+    PassShape,
     Setup,
     StepCost,
     batch_table,
+    decision_seconds,
     make_setup,
     table_lookup,
     typical_context,
@@ -193,6 +195,7 @@ class Oracle(Policy):
         surv = engine.acc.survival(dec)
         ctx = engine.ctx[dec].astype(float)
         t0, kv0, pairs0, emit0 = engine.step_base
+        shape = engine.step_shape
         ctx_sum = float(ctx.sum())
         decode_s = engine.true_seconds - engine.true_prefill_seconds
         lam = engine.total_tokens / decode_s if decode_s > 0 else None
@@ -200,8 +203,8 @@ class Oracle(Policy):
         def score(tokens, secs):
             return tokens / secs if lam is None else tokens - lam * secs
 
-        plain = float(cost.target_pass(t0, kv0, pairs0)
-                      + cost.draft_time(0, t0, n, kv0, pairs0, ctx_sum))
+        plain = float(cost.target_pass(t0, kv0, pairs0, shape=shape)
+                      + cost.draft_time(0, t0, n, kv0, pairs0, ctx_sum, shape))
         best = (score(emit0, plain), 0, 0, None)
         pos = np.tile(np.arange(width), n)
         rows = np.repeat(np.arange(n), width)
@@ -214,8 +217,8 @@ class Oracle(Policy):
             extra_pairs = np.concatenate(([0.0], np.cumsum(ctx_flat[m][order])))
             toks = t0 + np.arange(len(gain))
             pairs = pairs0 + extra_pairs
-            secs = cost.target_pass(toks, kv0, pairs) + cost.draft_time(
-                c, toks, n, kv0, pairs, ctx_sum) + engine.catchup_cost
+            secs = cost.target_pass(toks, kv0, pairs, shape=shape) + cost.draft_time(
+                c, toks, n, kv0, pairs, ctx_sum, shape) + engine.catchup_cost
             val = score(emit0 + gain, secs)
             i = int(np.argmax(val))
             if val[i] > best[0]:
@@ -317,6 +320,7 @@ class Engine:
         self.next_arrival = 0.0
         self.exhausted = False
         self.step_base = (0.0, 0.0, 0.0, 0.0)
+        self.step_shape = PassShape(0, 0.0)
         self.m = Metrics()
         self.finish_times: dict[str, float] = {}
         self.record = record
@@ -417,6 +421,9 @@ class Engine:
         pairs0 = float(ctx_dec.sum() + len(dec) + (chunks * pctx + chunks * (chunks + 1) / 2).sum())
         emit0 = float(len(dec) + completing.sum())
         self.step_base = (t0, kv0, pairs0, emit0)
+        self.step_shape = PassShape(len(dec), float(ctx_dec.sum()),
+                                    chunks.astype(float) if len(pre) else None,
+                                    pctx if len(pre) else None)
         base_tokens = int(t0)
         scheduled = np.concatenate((dec, pre))
         zero_cost = self.policy.speculative and not setup.draft_at_k0
@@ -444,6 +451,10 @@ class Engine:
             catchup = self.catchup_pending
             seconds += self.catchup_cost
             self.draft_gap[scheduled] = 0
+        if isinstance(self.policy, Controller):
+            # The controller's plan and learning run on the scheduler's
+            # critical path (cost.DECISION_US; an assumption of the host).
+            seconds += decision_seconds(len(planned))
         true_seconds = seconds
         seconds = self.timer.seconds(true_seconds, tokens_scheduled, spec and k_step > 0)
         self.clock += seconds
@@ -530,7 +541,8 @@ class Engine:
         gap = self.draft_gap[slots].astype(float)
         done = self.ctx[slots].astype(float) - gap  # what the draft has cached
         pairs = float((gap * done + gap * (gap + 1) / 2).sum())
-        return float(self.cost.draft_pass(float(gap.sum()), float(done.sum()), pairs))
+        return float(self.cost.draft_pass(float(gap.sum()), float(done.sum()), pairs,
+                                          PassShape(0, 0.0, gap, done)))
 
     def window_counts(self) -> tuple[int, int]:
         c = self.spec.concurrency

@@ -33,7 +33,7 @@ import numpy as np
 from vllm_specplug.controller import StepProfile
 from vllm_specplug.profiling import BUDGET_S, PROMPT_TOKENS, ProfileSequenceError, run_rounds
 from vllm_specplug.tools.sim.clock import Realism, StepClock
-from vllm_specplug.tools.sim.cost import Setup, StepCost
+from vllm_specplug.tools.sim.cost import PassShape, Setup, StepCost
 
 
 class _Bench:
@@ -74,7 +74,8 @@ class _Bench:
             gap = self.gap
             done = self.ctx - gap
             pairs = float((gap * done + gap * (gap + 1) / 2).sum())
-            t += float(self.cost.draft_pass(float(gap.sum()), float(done.sum()), pairs))
+            t += float(self.cost.draft_pass(float(gap.sum()), float(done.sum()), pairs,
+                                            PassShape(0, 0.0, gap, done)))
             catchup = int(gap.sum())
         seconds = self.timer.seconds(t, tokens, k_step > 0)
         self.seconds += seconds
