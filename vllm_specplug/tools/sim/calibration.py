@@ -43,7 +43,7 @@ from vllm_specplug.tools.sim.scenarios import ListSource, RequestSpec
 
 DEMO_TOKENS = 32
 DEMO_PROMPTS = {"code": [16, 26, 22], "prose": [16, 17, 16]}  # approx. Qwen tokens
-DEMO_MEASURED = {  # benchmarks/README.md, demo table
+DEMO_MEASURED = {  # the demo table of benchmarks/README.md at 1caf036 (git history)
     ("plain", "code"): 2.49, ("plain", "prose"): 2.65,
     ("static-4", "code"): 1.89, ("static-4", "prose"): 1.01,
     ("goodput", "code"): 1.78, ("goodput", "prose"): 1.66,
