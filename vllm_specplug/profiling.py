@@ -85,7 +85,7 @@ import time
 from typing import Any
 
 from vllm_specplug.controller.profile import StepProfile
-from vllm_specplug.deployment import catch_up_tokens, model_runner
+from vllm_specplug.deployment import catch_up_tokens, model_runner, runner_refusal
 
 logger = logging.getLogger("vllm.specplug")
 
@@ -542,8 +542,6 @@ def profile_for_engine(executor, vllm_config, kv_cache_config,
         logger.info("vllm-specplug: K_step is pinned for this deployment; no step-cost "
                     "profile is measured (prices from parameter counts)")
         return None
-    from vllm_specplug.deployment import runner_refusal
-
     if runner_refusal(vllm_config):
         return None  # the scheduler stays inert and says why
     blocked = measurement_blocked(vllm_config)
