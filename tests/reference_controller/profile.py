@@ -187,16 +187,21 @@ class StepProfile:
                 + self.catchup(catchup_tokens))
 
     def monotone(self) -> "StepProfile":
-        """This profile with every curve non-decreasing in its size (``isotonic``).
+        """This profile with its draft-pass and catch-up curves non-decreasing
+        in their size (``isotonic``); the token curves are kept as measured.
 
-        More tokens in a step, or more requests in a draft pass, should not
-        cost less.  Where measured medians say so (noise, or a kernel that
-        happens to be slower at one size) the fit averages the two, so the
-        argmax does not chase the dip.
+        A draft pass over more requests, or a catch-up over more tokens,
+        should not cost less: where the medians say so (noise), the fit
+        averages the two.  The target and first-pass curves are not fitted
+        across sizes: their points come from different batch sizes, and a
+        smaller shape can be truly slower (a 1-token step measured slower
+        than a 4-token one); pooling it would raise the larger batch's plain
+        price.  A plan reads them from its own step's size up, where
+        ``GoodputPolicy.prices`` makes them non-decreasing.
         """
         catchup = (None, None) if self.catchup_tokens is None else (
             self._catchup[0], isotonic(self._catchup[1]))
-        return StepProfile(self.tokens, isotonic(self.target_s), isotonic(self.first_s),
+        return StepProfile(self.tokens, self.target_s, self.first_s,
                            self.batch, isotonic(self.pass_s), *catchup,
                            pad_sizes=self.pad_sizes, meta=dict(self.meta))
 
