@@ -105,7 +105,7 @@ PROMPT_TOKENS = 32
 BUDGET_S = 75.0
 VALIDATE_TOLERANCE = 0.25
 # Part of the cache key: a table measured by an older procedure is measured again.
-PROFILE_FORMAT = 4
+PROFILE_FORMAT = 5
 _REQ_PREFIX = "specplug-profile-"
 
 # Seconds after which the measurement gives up (the policy then prices
