@@ -314,9 +314,9 @@ class GoodputPolicy:
         # step's own cost.
         prefill_f = (max(profile.first(base) - profile.first(batch), 0.0)
                      if profile.skips_draft_at_k0 else 0.0)
-        # The plain step with its prefill chunk: at least the plain step without it.
-        plain_full = (profile.target(batch) + prefill_p) * corr.ratio(base, batch)
         ratio = corr.ratio(base, batch)
+        # The plain step with its prefill chunk: at least the plain step without it.
+        plain_full = (profile.target(batch) + prefill_p) * ratio
         prefill_s = prefill_p * ratio
         unseen_s = catch_up_s + prefill_f * ratio  # paid by drafting plans
         per_token = 1.0 / max(horizon, 1.0) if horizon is not None else 0.0
