@@ -82,6 +82,10 @@ class SpecPlugConfig:
     # up (one prefill-like pass) before it drafts again.  Off: vLLM's path,
     # the draft's first pass runs every step.
     zero_cost_fallback: bool = True
+    # draft_model with synchronous scheduling: the draft loop stops where the
+    # draft's own confidence says the next position does not pay, and only
+    # the drafts worth it are verified.  Off: K per request from history only.
+    draft_confidence: bool = True
 
     @classmethod
     def from_additional_config(
@@ -137,7 +141,7 @@ class SpecPlugConfig:
         if self.trace_path is not None and not (isinstance(self.trace_path, str)
                                                 and self.trace_path.strip()):
             raise bad("trace_path", "a file path (string), or null")
-        for key in ("zero_cost_fallback", "profile_correction"):
+        for key in ("zero_cost_fallback", "profile_correction", "draft_confidence"):
             if not isinstance(getattr(self, key), bool):
                 raise bad(key, "true | false")
         if self.probe_max_interval < self.probe_interval:

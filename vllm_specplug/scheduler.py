@@ -49,6 +49,7 @@ from vllm_specplug.config import (
     SpecPlugRequestError,
     parse_request_args,
 )
+from vllm_specplug.patches.draft_confidence import REPORT_ATTR, STOP_RULE_ATTR
 from vllm_specplug.controller import (UNKNOWN_DRAFT_RATIO, SpecController, StepProfile,
                                       prior_profile, warm_up)
 
@@ -154,6 +155,24 @@ class AdaptiveSpecState:
         self.stale_from: dict[str, int] = {}
         self.block_size = int(vllm_config.cache_config.block_size)
         self.catchup: dict[int, int] = {}
+        self._confidence_state()
+
+    def _confidence_state(self) -> None:
+        """The draft-confidence stop (patches/draft_confidence.py): whether this
+        deployment may use it, and what travels between worker and scheduler."""
+        par = self.vllm_config.parallel_config
+        self.confidence_stop = (self.config.draft_confidence and self.method == "draft_model"
+                                and not self.is_async and not self.k_step_pinned
+                                and int(getattr(par, "tensor_parallel_size", 1) or 1) == 1
+                                and self.config.policy == "goodput")
+        # Rules are sent once a worker's step output says it can stop (its
+        # patch is installed and on): otherwise a deeper K_step would only
+        # draft what is then trimmed.
+        self.worker_confidence = False
+        # Per request, from the last step's report: (drafts worth verifying,
+        # their confidences); and the confidences of the drafts now offered.
+        self.kept: dict[str, tuple[int, list]] = {}
+        self.offered_conf: dict[str, list] = {}
 
     def reconfigure(self, overrides: dict[str, Any], pin_k_step: bool | None = None) -> None:
         """Rebuild the controller from the start-up config with ``overrides``.
@@ -189,6 +208,7 @@ class AdaptiveSpecState:
         if self.metrics is not None:
             self.metrics.controller_replaced(self.controller)
         self.planned, self.stale_from, self.catchup = {}, {}, {}
+        self._confidence_state()
         self.sched_end.clear()
         self.predicted.clear()
         self.last_update_end = None
@@ -391,6 +411,7 @@ class _AdaptiveSpecMixin:
         if sp.enabled:
             sp.planned.pop(request.request_id, None)
             sp.stale_from.pop(request.request_id, None)
+            sp.offered_conf.pop(request.request_id, None)
             try:
                 sp.controller.finish_request(request.request_id)
                 if sp.metrics is not None and sp.controller.num_requests() == 0:
@@ -450,7 +471,15 @@ class _AdaptiveSpecMixin:
         k_step = min(int(decision.k_step), sp.num_spec_tokens)
         if sp.k_step_pinned:
             k_step = vllm_k_step
-        planned = dict(zip(decoding, (min(k, k_step) for k in decision.k.tolist())))
+        caps = decision.k
+        rule = (sp.controller.stop_rule() if sp.confidence_stop and sp.worker_confidence
+                else None)
+        if rule is not None:
+            # The draft loop may run to the deepest ceiling; the worker stops
+            # it where the next position does not pay (DraftStopper).
+            caps = rule.caps
+            k_step = min(max(k_step, int(caps.max(initial=0))), sp.num_spec_tokens)
+        planned = dict(zip(decoding, (min(k, k_step) for k in caps.tolist())))
         # vLLM sized every decoding request's placeholders to its K_step;
         # under async scheduling they are resized to the request's own k_r
         # (never above K_step: a larger placeholder would read another
@@ -460,6 +489,8 @@ class _AdaptiveSpecMixin:
         # Everything above may fail and leaves vLLM's plan as it was; from
         # here on only assignments, vLLM's state together with the plugin's.
         scheduler_output.num_spec_tokens_to_schedule = k_step
+        if rule is not None:
+            setattr(scheduler_output, STOP_RULE_ATTR, rule)
         for rid, ids in placeholders.items():
             requests[rid].spec_token_ids = ids
         sp.planned = planned
@@ -487,14 +518,23 @@ class _AdaptiveSpecMixin:
 
     def update_draft_token_ids(self, draft_token_ids) -> None:
         sp = self.specplug
-        if sp.enabled and sp.planned:
+        if sp.enabled and (sp.planned or sp.kept):
             try:
-                planned = sp.planned
+                planned, kept = sp.planned, sp.kept
                 trimmed = []
                 for rid, ids in zip(draft_token_ids.req_ids, draft_token_ids.draft_token_ids):
                     k = planned.get(rid)
+                    worth = kept.get(rid)
+                    if worth is not None:
+                        # The worker's stop: the drafts worth verifying, and
+                        # their confidences, for the calibration.
+                        k = worth[0] if k is None else min(k, worth[0])
+                        sp.offered_conf[rid] = worth[1][:k]
+                    else:
+                        sp.offered_conf.pop(rid, None)
                     trimmed.append(ids[:k] if k is not None and len(ids) > k else ids)
                 draft_token_ids = DraftTokenIds(draft_token_ids.req_ids, trimmed)
+                sp.kept = {}
             except Exception:
                 sp.fault("update_draft_token_ids")
         super().update_draft_token_ids(draft_token_ids)
@@ -515,6 +555,13 @@ class _AdaptiveSpecMixin:
         reported = getattr(model_runner_output, ZERO_COST_OUTPUT_ATTR, None)
         if reported is not None and reported != sp.zero_cost_fallback:
             sp.worker_zero_cost(reported)
+        report = getattr(model_runner_output, REPORT_ATTR, None)
+        if report is not None:
+            sp.worker_confidence = bool(report.on)
+            sp.kept = report.kept
+        conf_ids: list[str] = []
+        confs: list[list] = []
+        confs_accepted: list[int] = []
         ctrl = sp.controller
         sampled = model_runner_output.sampled_token_ids
         index = model_runner_output.req_id_to_index
@@ -543,11 +590,18 @@ class _AdaptiveSpecMixin:
                 continue
             if offered <= 0:
                 continue
+            conf = sp.offered_conf.pop(rid, None)
+            if conf is not None and len(conf) >= offered:
+                conf_ids.append(rid)
+                confs.append(conf[:offered])
+                confs_accepted.append(len(sampled[idx]) - 1)
             rids.append(rid)
             drafted.append(offered)
             accepted.append(len(sampled[idx]) - 1)
         if rids:
             ctrl.observe_verifications(rids, drafted, accepted)
+        if confs:
+            ctrl.observe_confidence(confs, confs_accepted)
         total = scheduler_output.total_num_scheduled_tokens
         sched_end = sp.sched_end.pop(id(scheduler_output), None)
         predicted = sp.predicted.pop(id(scheduler_output), None)
@@ -558,12 +612,15 @@ class _AdaptiveSpecMixin:
             # ran from the later of that and its own scheduling.
             start = sched_end if sp.last_update_end is None else max(sched_end, sp.last_update_end)
             measured = now - start
-            ctrl.observe_step(len(scheduler_output.num_scheduled_tokens), total,
-                              effective_k_step(scheduler_output), measured,
+            passes = (report.passes if report is not None and report.passes is not None
+                      else effective_k_step(scheduler_output))
+            ctrl.observe_step(len(scheduler_output.num_scheduled_tokens), total, passes, measured,
                               sp.catchup.pop(id(scheduler_output), 0))
         sp.last_update_end = None if total == 0 or not is_async else now
         if verified is not None and (verified or measured is not None):
-            sp.trace.verify(sp.step, measured, verified)
+            sp.trace.verify(sp.step, measured, verified,
+                            None if report is None else report.passes,
+                            dict(zip(conf_ids, confs)) if confs else None)
         if sp.metrics is not None:
             if predicted is not None and measured is not None:
                 sp.metrics.record_timing(predicted, measured)

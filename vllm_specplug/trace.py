@@ -11,7 +11,8 @@ core appends one line per event (with data parallelism, each rank writes
   draft is accepted and ``expected`` the expected accepted drafts for the k
   granted (why it got k);
 - ``{"event": "verify", "step": n, "t": ..., "measured_s": seconds or null,
-  "requests": {req_id: [drafted, accepted], ...}}``: what vLLM verified in
+  "requests": {req_id: [drafted, accepted], ...}, "draft_passes": n,
+  "confidence": {req_id: [c1, ...]}}``: what vLLM verified in
   the step and what was accepted, as vLLM counts it (its spec-decode
   counters sum the same numbers).
 
@@ -49,9 +50,16 @@ class DecisionTrace:
                      "predicted_speedup": _num(decision.predicted_speedup),
                      "requests": requests})
 
-    def verify(self, step: int, measured_s, verified: dict[str, list[int]]) -> None:
-        self._write({"event": "verify", "step": step, "t": self._now(),
-                     "measured_s": _num(measured_s), "requests": verified})
+    def verify(self, step: int, measured_s, verified: dict[str, list[int]],
+               draft_passes: int | None = None, confidence: dict | None = None) -> None:
+        record = {"event": "verify", "step": step, "t": self._now(),
+                  "measured_s": _num(measured_s), "requests": verified}
+        if draft_passes is not None:
+            record["draft_passes"] = int(draft_passes)
+        if confidence:
+            record["confidence"] = {rid: [round(float(c), 4) for c in cs]
+                                    for rid, cs in confidence.items()}
+        self._write(record)
 
     def close(self) -> None:
         self._file.close()

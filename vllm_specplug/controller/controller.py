@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from vllm_specplug.controller.confidence import ConfidenceCalibration, StopRule
 from vllm_specplug.controller.estimator import (FORGETTING, INITIAL_ACCEPTANCE, PRIOR_STRENGTH,
                                                 AcceptanceEstimator)
 from vllm_specplug.controller.policy import (
@@ -102,6 +103,9 @@ class SpecController:
         self._alloc(self.estimator.capacity)
         self.stats = ControllerStats(k_counts=np.zeros(settings.max_k + 1, dtype=np.int64))
         self.last_decision: Decision | None = None
+        self.calibration = ConfidenceCalibration(width)
+        # The last plan's rows, ceilings and prices (``stop_rule``).
+        self._last_plan: tuple | None = None
 
     @property
     def profile(self) -> StepProfile:
@@ -233,6 +237,10 @@ class SpecController:
             self.stats.probes_succeeded += int(np.count_nonzero(ok & probing))
             self._probe_done(rows[probing], ok[probing])
 
+    def observe_confidence(self, confidences: list, accepted: list) -> None:
+        """Verified drafts with the draft's confidence in each (``ConfidenceCalibration``)."""
+        self.calibration.observe(confidences, accepted)
+
     def observe_step(self, batch: int, tokens: int, k_step: int, seconds: float,
                      catchup_tokens: int = 0) -> bool:
         """A finished step's wall time: it corrects the profile's price of its shape."""
@@ -301,9 +309,37 @@ class SpecController:
                                          fixed_k_step, catch_up, horizon, skip)
             decision = self.goodput.decide_priced(survival, ceilings, prices)
             decision = self._probe(rows, ceilings, decision, survival, prices)
+            self._last_plan = (req_ids, rows, ceilings, prices, decision)
         self._account(rows, ceilings, decision)
         self.last_decision = decision
         return decision
+
+    def stop_rule(self) -> StopRule | None:
+        """The last plan as a per-position stop (``DraftStopper``), or None.
+
+        Only for a goodput plan that drafts and does not pin K_step: the
+        draft loop may then run up to each request's ceiling and stops where
+        the plan's own argmax, one position at a time, says the next position
+        does not pay.  A request the plan left in fallback keeps none, and a
+        probe keeps its size; the others may keep up to their ceilings.
+        """
+        last, self._last_plan = self._last_plan, None
+        if last is None:
+            return None
+        req_ids, rows, ceilings, pr, decision = last
+        if decision.k_step <= 0 or pr.fixed_k_step is not None or pr.by_n is None:
+            return None
+        k = decision.k
+        probing = self._probe_at[rows] == self.stats.steps - 1
+        caps = np.where((k == 0) | probing, k, ceilings)
+        n = int(k.sum())
+        ratio = pr.ratios(min(n + 2, pr.by_n.size))
+        nxt = min(n + 1, pr.by_n.size - 1, ratio.size - 1)
+        slot_s = max(float(pr.by_n[nxt] * ratio[nxt] - pr.by_n[n] * ratio[n]), 0.0)
+        rate = decision.predicted_tokens / max(decision.predicted_seconds, 1e-12)
+        return StopRule(list(req_ids), self.estimator.conditional(rows), caps.astype(np.int64),
+                        self.calibration.lift, self.calibration.edges,
+                        slot_cut=rate * slot_s, pass_cut=rate * pr.draft_pass * ratio[n])
 
     # -- probes ------------------------------------------------------------
     def _reset_probe(self, rows: np.ndarray) -> None:

@@ -11,10 +11,13 @@ concurrency and at one Poisson request rate.  Arms:
 - ``plain``: no speculation;
 - ``vllm-k2``, ``vllm-k4``: vLLM's own static K with vLLM's scheduler, the
   plugin not loaded (``VLLM_PLUGINS``): what a user would run instead;
+  ``vllm-k6``, ``vllm-k8`` the same (not in the default grid);
 - ``vllm-table``: vLLM's batch-size table (``num_speculative_tokens_per_batch_size``);
 - ``plugin-k2``: the plugin loaded, its scheduler and patches on, at vLLM's K=2
   (``policy: static``): what the plugin's own path costs, apart from its policy;
 - ``adaptive``: the plugin's adaptive policy with the shipped ceiling.
+- ``adaptive-history``: the same with the draft's confidence off
+  (``draft_confidence: false``): K from each request's history alone.
 
 The first run after a server is up is its cold run (other prompts than the
 grid's, no warm-up, vLLM's ready-check request turned off); every cell
@@ -237,7 +240,8 @@ def server_command(setup: ServedSetup, arm: str, target: str, draft: str | None,
         argv += ["--dtype", setup.dtype]
     env = {}
     if arm != "plain":
-        k = {"vllm-k2": 2, "vllm-k4": 4, "plugin-k2": 2}.get(arm, setup.ceiling)
+        k = {"vllm-k2": 2, "vllm-k4": 4, "vllm-k6": 6, "vllm-k8": 8,
+             "plugin-k2": 2}.get(arm, setup.ceiling)
         spec = {"method": setup.method, "num_speculative_tokens": k, **setup.spec_extra}
         if draft:
             spec["model"] = draft
@@ -245,9 +249,10 @@ def server_command(setup: ServedSetup, arm: str, target: str, draft: str | None,
             spec["num_speculative_tokens_per_batch_size"] = [
                 [lo, hi, min(kk, setup.ceiling)] for lo, hi, kk in VLLM_TABLE]
         argv += ["--speculative-config", json.dumps(spec)]
-    if arm in ("adaptive", "plugin-k2"):
-        specplug = ({"policy": "goodput"} if arm == "adaptive"
-                    else {"policy": "static", "static_k": k})
+    if arm in ("adaptive", "adaptive-history", "plugin-k2"):
+        specplug = ({"policy": "goodput"} if arm == "adaptive" else
+                    {"policy": "goodput", "draft_confidence": False}
+                    if arm == "adaptive-history" else {"policy": "static", "static_k": k})
         if trace_path:
             specplug["trace_path"] = trace_path
         argv += ["--scheduler-cls", "vllm_specplug.AdaptiveSpecScheduler",
@@ -577,7 +582,7 @@ def main(argv: list[str] | None = None) -> int:
             log = out / "logs" / f"{setup.name}-{arm}{tag}.log"
             log.parent.mkdir(parents=True, exist_ok=True)
             trace = (str((out / "logs" / f"{setup.name}-{arm}{tag}-trace.jsonl").resolve())
-                     if args.trace and arm == "adaptive" else None)
+                     if args.trace and arm.startswith("adaptive") else None)
             argv_s, env = server_command(setup, arm, target, draft, port, max_c, trace)
             server = Server(argv_s, {**base_env, **env}, log, port)
             try:

@@ -29,8 +29,12 @@ TARGET = 0.95
 # Two-sided 90% quantiles of Student's t by degrees of freedom (1..10; the
 # normal's past that is close enough for a report).
 _T90 = (6.314, 2.920, 2.353, 2.132, 2.015, 1.943, 1.895, 1.860, 1.833, 1.812)
-STATIC = ("vllm-k2", "vllm-k4", "vllm-table")
-ORDER = ("plain", "vllm-k2", "vllm-k4", "vllm-table", "plugin-k2", "adaptive")
+STATIC = ("vllm-k2", "vllm-k4", "vllm-k6", "vllm-k8", "vllm-table")
+# The plugin's adaptive policy with and without the draft's confidence: neither
+# is a fixed arm the adaptive one is judged against.
+ADAPTIVE = ("adaptive-history", "adaptive")
+ORDER = ("plain", "vllm-k2", "vllm-k4", "vllm-k6", "vllm-k8", "vllm-table", "plugin-k2",
+         *ADAPTIVE)
 
 
 def _load(r) -> str:
@@ -94,7 +98,7 @@ def _pooled(runs) -> list[dict]:
 
 def _vs_best(tok_s: dict) -> tuple[str, float] | None:
     """(best fixed arm, adaptive / its tok/s) for one cell's arms, or None."""
-    fixed = {a: v for a, v in tok_s.items() if a != "adaptive"}
+    fixed = {a: v for a, v in tok_s.items() if a not in ADAPTIVE}
     if "adaptive" not in tok_s or not fixed:
         return None
     best = max(fixed, key=fixed.get)

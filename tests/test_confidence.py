@@ -1,0 +1,129 @@
+"""The draft-confidence calibration and stop rule (controller/confidence.py): milliseconds, no vLLM."""
+
+import numpy as np
+import pytest
+
+from vllm_specplug.controller import ControllerSettings, SpecController, StepProfile
+from vllm_specplug.controller.confidence import (ConfidenceCalibration, DraftStopper, StopRule,
+                                                 _logit)
+
+
+def rule(cond, caps, slot_cut=0.0, pass_cut=0.0, lift=None, ids=None):
+    cond = np.asarray(cond, dtype=np.float64)
+    cal = ConfidenceCalibration(cond.shape[1])
+    return StopRule(ids or [f"r{i}" for i in range(cond.shape[0])], cond,
+                    np.asarray(caps, dtype=np.int64),
+                    cal.lift if lift is None else lift, cal.edges, slot_cut, pass_cut)
+
+
+def test_a_cold_calibration_leaves_the_history_estimate_as_it_is():
+    cal = ConfidenceCalibration(4)
+    assert not cal.lift.any()
+    st = DraftStopper(rule([[0.8, 0.8, 0.8, 0.8]], [4]), np.array([0]))
+    st.after_position(np.array([0.1]))
+    assert st.survival[0] == pytest.approx(0.8)
+
+
+def test_the_calibration_learns_that_confident_drafts_are_accepted():
+    rng = np.random.default_rng(0)
+    cal = ConfidenceCalibration(4)
+    for _ in range(2000):
+        conf = rng.beta(2.0, 1.0, size=4)  # drafts are mostly sure
+        # The target accepts a draft with its confidence as the chance.
+        ok = rng.uniform(size=4) < conf
+        a = int(np.argmin(ok)) if not ok.all() else 4
+        cal.observe([conf.tolist()], [a])
+    low, mid, high = cal.lift[0][cal.bins(np.array([0.1, 0.6, 0.99]))]
+    assert low < -1.0 < 0.0 < high and low < mid < high
+    acc, n = cal.observed()
+    assert n.sum() > 0 and (acc <= n + 1e-9).all()
+
+
+def test_only_the_accepted_drafts_and_the_first_rejection_are_outcomes():
+    cal = ConfidenceCalibration(4)
+    cal.observe([[0.99, 0.99, 0.1, 0.99]], [2])  # 2 accepted, the third rejected
+    acc, n = cal.counts
+    assert n.sum() == pytest.approx(3.0)
+    assert acc.sum() == pytest.approx(2.0)
+    assert n[3].sum() == 0  # never tested
+
+
+def test_a_request_stops_at_its_first_slot_that_does_not_pay():
+    lift = np.zeros((4, 9))
+    lift[:, 0] = -6.0  # a draft under 0.3 confidence is almost never accepted
+    r = rule([[0.9] * 4, [0.9] * 4], [4, 4], slot_cut=0.2, pass_cut=0.0, lift=lift)
+    st = DraftStopper(r, np.array([0, 1]))
+    assert st.after_position(np.array([0.99, 0.99]))
+    assert st.after_position(np.array([0.99, 0.05]))  # row 1's second draft is hopeless
+    assert list(st.limits()) == [2, 1]
+    assert not st.active[1]
+
+
+def test_the_loop_ends_when_no_next_position_pays_its_pass():
+    r = rule([[0.5] * 6], [6], slot_cut=0.0, pass_cut=0.3)
+    st = DraftStopper(r, np.array([0]))
+    # Survival 0.5; the next position adds 0.25 expected tokens < 0.3.
+    assert not st.after_position(np.array([0.5]))
+    assert list(st.limits()) == [1]
+    # Two requests share the pass: 0.25 + 0.25 pays for it.
+    st = DraftStopper(rule([[0.5] * 6] * 2, [6, 6], pass_cut=0.3), np.array([0, 1]))
+    assert st.after_position(np.array([0.5, 0.5]))
+
+
+def test_caps_fallback_rows_and_rows_the_plan_did_not_cover():
+    r = rule([[0.99] * 4, [0.99] * 4], [2, 0])
+    st = DraftStopper(r, np.array([0, 1, -1]))
+    assert st.after_position(np.ones(3) * 0.99)
+    assert not st.after_position(np.ones(3) * 0.99)  # the only active row reached its cap
+    assert list(st.limits()) == [2, 0, -1]
+
+
+def test_the_controller_sends_a_rule_only_for_an_unpinned_drafting_plan():
+    profile = StepProfile([1, 16, 128], [1.0, 1.0, 1.2], [0.15] * 3, [1, 64], [0.05, 0.06])
+    ctrl = SpecController(ControllerSettings(max_k=4), profile)
+    ids = ["a", "b"]
+    for rid in ids:
+        ctrl.add_request(rid)
+    for _ in range(6):  # perfect drafts
+        d = ctrl.plan(ids)
+        ctrl.observe_verifications(ids, d.k, d.k)
+    d = ctrl.plan(ids)
+    assert d.k_step > 0
+    r = ctrl.stop_rule()
+    assert r is not None and r.req_ids == ids and list(r.caps) == [4, 4]
+    rate = d.predicted_tokens / d.predicted_seconds
+    assert r.pass_cut == pytest.approx(rate * 0.05, rel=0.05)
+    assert ctrl.stop_rule() is None  # one rule per plan
+    ctrl.plan(ids, fixed_k_step=4)
+    assert ctrl.stop_rule() is None
+    for rid in ids:
+        ctrl.set_ceiling(rid, 0)
+    ctrl.plan(ids)
+    assert ctrl.stop_rule() is None
+
+
+def test_the_stop_agrees_with_the_argmax_on_history_alone():
+    """With a cold calibration, the loop stops where the plan's own K_step does
+    (the plan's argmax, one position at a time) for a single request."""
+    profile = StepProfile([1, 16, 128], [1.0, 1.0, 1.2], [0.15] * 3, [1, 64], [0.2, 0.2])
+    for acc in (0.5, 0.7, 0.8, 0.9, 0.97):
+        ctrl = SpecController(ControllerSettings(max_k=8, profile_correction=False), profile)
+        ctrl.add_request("a")
+        rng = np.random.default_rng(1)
+        for _ in range(200):
+            d = ctrl.plan(["a"])
+            k = int(d.k[0]) or 1
+            ok = rng.uniform(size=k) < acc
+            ctrl.observe_verifications(["a"], [k], [int(np.argmin(ok)) if not ok.all() else k])
+        d = ctrl.plan(["a"])
+        r = ctrl.stop_rule()
+        if d.k_step == 0:
+            continue
+        st = DraftStopper(r, np.array([0]))
+        while st.after_position(np.array([0.5])):
+            pass
+        assert abs(st.position - d.k_step) <= 1, (acc, st.position, d.k_step)
+
+
+def test_logit_is_finite_at_the_ends():
+    assert np.isfinite(_logit(np.array([0.0, 1.0]))).all()

@@ -1,0 +1,131 @@
+"""The draft-confidence stop (``patches/draft_confidence.py``) on real vLLM, CPU.
+
+The worker stops the draft loop where the stop rule says so and reports the
+confidences; the scheduler offers only the drafts worth verifying and
+calibrates.  Greedy output is compared with plain decoding on every path,
+with stops forced at every position and with nothing kept at all.
+"""
+
+import pytest
+
+from conftest import drafted_per_step, greedy, make_llm, scheduler_of, shutdown, token_ids
+from vllm_specplug.controller import SpecController
+from vllm_specplug.controller.confidence import DraftStopper
+from vllm_specplug.tools.testing import prompt
+
+CEILING = 4
+PROMPTS = [prompt(i) for i in range(4)]
+
+
+def spec(draft):
+    return {"method": "draft_model", "model": draft, "num_speculative_tokens": CEILING}
+
+
+def drafter_of(llm):
+    core = llm.llm_engine.engine_core.engine_core
+    return core.model_executor.driver_worker.worker.model_runner.drafter
+
+
+def count_forwards(module):
+    calls = [0]
+    handle = module.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+    return calls, handle
+
+
+@pytest.fixture(scope="module")
+def plain(tiny_models):
+    llm = make_llm(tiny_models["target"])
+    outs = token_ids(llm.generate(PROMPTS, greedy(64), use_tqdm=False))
+    shutdown(llm)
+    return outs
+
+
+@pytest.fixture(scope="module")
+def perfect(tiny_models, plain):
+    """The target as its own draft: confident, and always right."""
+    llm = make_llm(tiny_models["target"], speculative=spec(tiny_models["target"]))
+    yield llm
+    shutdown(llm)
+
+
+def test_the_worker_reports_its_confidence_and_the_scheduler_calibrates(perfect, plain):
+    outs = perfect.generate(PROMPTS, greedy(64), use_tqdm=False)
+    assert token_ids(outs) == plain
+    sp = scheduler_of(perfect).specplug
+    assert sp.confidence_stop and sp.worker_confidence
+    accepted, verified = sp.controller.calibration.observed()
+    assert verified.sum() > 20
+    # A perfect draft: every verified draft was accepted.
+    assert accepted.sum() == pytest.approx(verified.sum())
+    assert max(max(drafted_per_step(o)) for o in outs) == CEILING
+
+
+@pytest.mark.parametrize("stop_at", [1, 2, 3])
+def test_stops_forced_at_every_position_keep_output_exact(perfect, plain, monkeypatch, stop_at):
+    original = DraftStopper.after_position
+
+    def forced(self, confidence):
+        go_on = original(self, confidence)
+        return go_on and self.position < stop_at
+
+    monkeypatch.setattr(DraftStopper, "after_position", forced)
+    drafter = drafter_of(perfect)
+    calls, handle = count_forwards(drafter.model)
+    before = drafter.specplug_stats.draft_passes, drafter.specplug_stats.catch_up_passes
+    try:
+        outs = perfect.generate(PROMPTS, greedy(64), use_tqdm=False)
+    finally:
+        handle.remove()
+    assert token_ids(outs) == plain
+    stats = drafter.specplug_stats
+    steps = stats.draft_passes - before[0]
+    # The loop ended at the forced position: no step ran more draft passes.
+    assert calls[0] <= steps * stop_at + stats.catch_up_passes - before[1]
+    offered = [d for o in outs for d in drafted_per_step(o)]
+    assert max(offered) == stop_at
+
+
+def test_a_stop_that_keeps_nothing_offers_no_draft(perfect, plain, monkeypatch):
+    original = SpecController.stop_rule
+
+    def nothing_pays(self):
+        rule = original(self)
+        if rule is not None:
+            rule.slot_cut = 2.0  # no survival reaches it
+        return rule
+
+    monkeypatch.setattr(SpecController, "stop_rule", nothing_pays)
+    drafter = drafter_of(perfect)
+    calls, handle = count_forwards(drafter.model)
+    before = drafter.specplug_stats.draft_passes
+    try:
+        outs = perfect.generate(PROMPTS, greedy(48), use_tqdm=False)
+    finally:
+        handle.remove()
+    assert token_ids(outs) == [p[:48] for p in plain]
+    assert all(d == 0 for o in outs for d in drafted_per_step(o))
+    # One pass per drafting step (the first), then the loop ended.
+    assert calls[0] <= drafter.specplug_stats.draft_passes - before + \
+        drafter.specplug_stats.catch_up_passes
+
+
+def test_a_poor_draft_with_the_stop_is_exact(tiny_models, plain):
+    llm = make_llm(tiny_models["target"], speculative=spec(tiny_models["draft_bad"]))
+    try:
+        outs = llm.generate(PROMPTS, greedy(64), use_tqdm=False)
+        assert token_ids(outs) == plain
+    finally:
+        shutdown(llm)
+
+
+def test_off_in_the_config_sends_no_rule(tiny_models, plain):
+    llm = make_llm(tiny_models["target"], speculative=spec(tiny_models["target"]),
+                   specplug={"draft_confidence": False})
+    try:
+        outs = llm.generate(PROMPTS, greedy(32), use_tqdm=False)
+        assert token_ids(outs) == [p[:32] for p in plain]
+        sp = scheduler_of(llm).specplug
+        assert not sp.confidence_stop
+        assert sp.controller.calibration.observed()[1].sum() == 0
+    finally:
+        shutdown(llm)

@@ -1,0 +1,160 @@
+"""The draft's own confidence: calibrated online, and the per-position stop.
+
+A draft model that is sure of its next token (a closing bracket, a repeated
+identifier) is usually right; one that hesitates (the first word of a
+sentence) is often wrong.  The request's history cannot tell these apart;
+the draft's probability of the token it drafted can.
+
+``ConfidenceCalibration`` learns, from verified drafts, how much a
+confidence moves the chance that the target accepts a token at a draft
+position: per position and confidence bin, the log-odds of acceptance in
+the bin less that of the position overall (the *lift*), shrunk toward 0
+where the bin has few outcomes.  A slot's chance is then the request's own
+history estimate of that position, moved by its token's lift; a cold
+calibration has no lift and leaves the history estimate as it is.
+
+``DraftStopper`` is the controller's argmax applied one draft position at a
+time, inside the draft loop.  The plan fixed the rate it expects (tokens per
+second); after each position the survival of every request's slot is known
+from the confidences of its actual drafted tokens, and
+
+- a request keeps a slot while its survival pays for the slot's
+  verification (``slot_cut``: the rate times the slot's verify seconds),
+  up to its cap, and stops at the first slot that does not;
+- the next position runs while the slots it can add are worth its pass
+  (their expected survivals less ``slot_cut``, summed over the requests
+  still drafting, at least ``pass_cut``: the rate times the pass's seconds).
+
+A deeper slot's survival is never above the one before it, so a pass that
+does not pay now cannot be made to pay by the passes after it: stopping at
+the first such position is the argmax's own answer.  Nothing here imports
+vLLM: the worker's patch (``patches/draft_confidence.py``) feeds it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+# Confidence bins (the draft's top-1 probability), fine where greedy drafts
+# are usually accepted.
+EDGES = np.array([0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.98, 0.995])
+# Outcomes after which a bin's own acceptance weighs as much as its
+# position's: a bin with fewer moves the estimate less.
+LIFT_PSEUDO_COUNT = 8.0
+# Forgetting per verified step: the calibration follows the traffic over a
+# few thousand verifications.
+FORGETTING = 0.998
+_CLIP = 1e-3
+
+
+def _logit(p):
+    p = np.clip(p, _CLIP, 1.0 - _CLIP)
+    return np.log(p) - np.log1p(-p)
+
+
+class ConfidenceCalibration:
+    """Per (draft position, confidence bin): forgotten counts of accepted and verified."""
+
+    def __init__(self, width: int, edges: np.ndarray = EDGES) -> None:
+        self.width = max(int(width), 1)
+        self.edges = np.asarray(edges, dtype=np.float64)
+        self.counts = np.zeros((2, self.width, self.edges.size + 1))
+        self._lift = np.zeros((self.width, self.edges.size + 1))
+
+    def bins(self, confidence: np.ndarray) -> np.ndarray:
+        return np.searchsorted(self.edges, confidence, side="right")
+
+    def observe(self, confidences: list, accepted: list) -> None:
+        """One step's verifications: per request, the confidences of the drafts
+        it offered (in order) and how many of them the target accepted."""
+        pos, bin_, ok = [], [], []
+        for conf, a in zip(confidences, accepted):
+            conf = np.asarray(conf, dtype=np.float64)[: self.width]
+            seen = min(int(a) + 1, conf.size)  # accepted ones and the first rejection
+            if seen <= 0:
+                continue
+            pos.append(np.arange(seen))
+            bin_.append(self.bins(conf[:seen]))
+            ok.append(np.arange(seen) < int(a))
+        if not pos:
+            return
+        p, b, o = np.concatenate(pos), np.concatenate(bin_), np.concatenate(ok)
+        self.counts *= FORGETTING
+        np.add.at(self.counts[0], (p, b), o.astype(np.float64))
+        np.add.at(self.counts[1], (p, b), 1.0)
+        acc, n = self.counts
+        overall = (acc.sum(axis=1, keepdims=True) + 1.0) / (n.sum(axis=1, keepdims=True) + 2.0)
+        in_bin = (acc + LIFT_PSEUDO_COUNT * overall) / (n + LIFT_PSEUDO_COUNT)
+        self._lift = _logit(in_bin) - _logit(overall)
+
+    @property
+    def lift(self) -> np.ndarray:
+        """[position, bin]: log-odds added to a slot's history estimate."""
+        return self._lift
+
+    def observed(self) -> tuple[np.ndarray, np.ndarray]:
+        """(accepted, verified) per bin, over positions: the calibration's evidence."""
+        return self.counts[0].sum(axis=0), self.counts[1].sum(axis=0)
+
+
+@dataclass
+class StopRule:
+    """What the worker needs to stop drafting, for one step's plan."""
+
+    req_ids: list[str]
+    conditional: np.ndarray  # [requests, width]: history chance of each position
+    caps: np.ndarray         # [requests]: most drafts a request may keep
+    lift: np.ndarray         # [width, bins]
+    edges: np.ndarray
+    slot_cut: float          # survival a slot needs to pay its verification
+    pass_cut: float          # expected tokens a further position must add to pay its pass
+
+
+class DraftStopper:
+    """The stop rule over one draft loop; ``rows[i]``: batch row i's index in the
+    rule, or -1 for a row the plan did not cover (drafted as vLLM would)."""
+
+    def __init__(self, rule: StopRule, rows: np.ndarray) -> None:
+        self.rule = rule
+        self.rows = np.asarray(rows, dtype=np.int64)
+        self.ruled = self.rows >= 0
+        idx = np.where(self.ruled, self.rows, 0)
+        self.cond = rule.conditional[idx] if rule.conditional.size else np.zeros((idx.size, 0))
+        self.caps = np.where(self.ruled, rule.caps[idx] if rule.caps.size else 0, 0)
+        self.survival = np.ones(self.rows.size)
+        self.active = self.ruled & (self.caps > 0)
+        self.kept = np.zeros(self.rows.size, dtype=np.int64)
+        self.confidence: list[np.ndarray] = []
+
+    @property
+    def position(self) -> int:
+        return len(self.confidence)
+
+    def after_position(self, confidence: np.ndarray) -> bool:
+        """The confidences of the position just drafted; whether the next one runs."""
+        j = self.position
+        conf = np.asarray(confidence, dtype=np.float64)
+        self.confidence.append(conf)
+        if not self.ruled.any():
+            return True
+        width = self.cond.shape[1]
+        if j < width:
+            lift = self.rule.lift[min(j, self.rule.lift.shape[0] - 1)]
+            bins = np.searchsorted(self.rule.edges, conf, side="right")
+            chance = 1.0 / (1.0 + np.exp(-(_logit(self.cond[:, j]) + lift[bins])))
+            self.survival = self.survival * chance
+        else:
+            self.survival = np.zeros_like(self.survival)
+        keep = self.active & (self.survival >= max(self.rule.slot_cut, 1e-3)) & (j < self.caps)
+        self.kept[keep] = j + 1
+        self.active = keep & (j + 1 < self.caps)
+        if not self.active.any() or j + 1 >= width:
+            return False
+        nxt = self.survival[self.active] * self.cond[self.active, j + 1]
+        return float(np.maximum(nxt - self.rule.slot_cut, 0.0).sum()) >= self.rule.pass_cut
+
+    def limits(self) -> np.ndarray:
+        """Drafts each batch row may offer: its kept slots, -1 where unruled."""
+        return np.where(self.ruled, self.kept, -1)
