@@ -512,7 +512,7 @@ class _AdaptiveSpecMixin:
             if sp.metrics is not None:
                 sp.metrics.record_step(effective_k_step(scheduler_output))
             if sp.trace is not None:
-                sp.trace.plan(sp.step, decision, decoding, sp.controller)
+                sp.trace.plan(sp.step, decision, decoding, sp.controller, k_step)
         except Exception:
             sp.fault("report")
 

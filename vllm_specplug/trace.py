@@ -35,7 +35,7 @@ class DecisionTrace:
         self._file = open(path, "a", buffering=1)
         self._t0 = time.monotonic()
 
-    def plan(self, step: int, decision, req_ids, controller) -> None:
+    def plan(self, step: int, decision, req_ids, controller, k_step_sent: int | None = None) -> None:
         rows = controller.rows(req_ids) if req_ids else []
         surv = controller.estimator.survival(rows) if len(req_ids) else None
         requests = {}
@@ -45,6 +45,8 @@ class DecisionTrace:
                              "expected": round(float(max(s[:k].sum(), 0.0)), 4)}
         self._write({"event": "plan", "step": step, "t": self._now(),
                      "k_step": int(decision.k_step), "batch": len(req_ids),
+                     **({"k_step_sent": int(k_step_sent)} if k_step_sent is not None
+                        and k_step_sent != decision.k_step else {}),
                      "predicted_s": _num(decision.predicted_seconds),
                      "plain_s": _num(decision.plain_seconds),
                      "predicted_speedup": _num(decision.predicted_speedup),
@@ -112,6 +114,92 @@ def plot_k_over_time(records: list[dict], out: str, max_requests: int = 24) -> s
     return out
 
 
+def drafting_summary(records: list[dict]) -> dict:
+    """What the draft's confidence did over a trace: passes, tokens, outcomes."""
+    sent = run = steps = 0
+    drafted = accepted = 0
+    planned = {r["step"]: r.get("k_step_sent", r["k_step"]) for r in records
+               if r.get("event") == "plan"}
+    for r in records:
+        if r.get("event") != "verify":
+            continue
+        for d, a in r["requests"].values():
+            drafted += d
+            accepted += a
+        if "draft_passes" in r and planned.get(r["step"], 0) > 0:
+            steps += 1
+            sent += planned[r["step"]]
+            run += r["draft_passes"]
+    return {"drafting_steps": steps, "passes_scheduled": sent, "passes_run": run,
+            "passes_saved": (1.0 - run / sent) if sent else None,
+            "verified": drafted, "accepted": accepted,
+            "acceptance": accepted / drafted if drafted else None,
+            "accepted_per_pass": accepted / run if run else None}
+
+
+def calibration_table(records: list[dict]) -> list[dict]:
+    """Per confidence bin: the verified drafts' outcomes, and the chance the
+    calibration gave each before it was verified (replayed online from the
+    trace: the position's pooled acceptance moved by the bin's lift)."""
+    import numpy as np
+
+    from vllm_specplug.controller.confidence import ConfidenceCalibration
+
+    cal = ConfidenceCalibration(16)
+    rows = [dict(n=0, accepted=0, conf=0.0, predicted=0.0) for _ in range(cal.edges.size + 1)]
+    for r in records:
+        if r.get("event") != "verify" or not r.get("confidence"):
+            continue
+        confs, accs = [], []
+        for rid, conf in r["confidence"].items():
+            a = r["requests"][rid][1]
+            acc, n = cal.counts
+            overall = (acc.sum(axis=1) + 1.0) / (n.sum(axis=1) + 2.0)
+            for p, c in enumerate(conf[: min(a + 1, len(conf), cal.width)]):
+                b = int(cal.bins(np.array([c]))[0])
+                base = float(np.clip(overall[p], 1e-3, 1 - 1e-3))
+                logit = np.log(base / (1 - base)) + cal.lift[p, b]
+                row = rows[b]
+                row["n"] += 1
+                row["accepted"] += int(p < a)
+                row["conf"] += c
+                row["predicted"] += float(1.0 / (1.0 + np.exp(-logit)))
+            confs.append(conf)
+            accs.append(a)
+        cal.observe(confs, accs)
+    edges = [0.0, *cal.edges.tolist(), 1.0]
+    return [{"bin": f"{edges[i]:.3g}-{edges[i + 1]:.3g}", "n": row["n"],
+             "confidence": row["conf"] / row["n"] if row["n"] else None,
+             "observed": row["accepted"] / row["n"] if row["n"] else None,
+             "predicted": row["predicted"] / row["n"] if row["n"] else None}
+            for i, row in enumerate(rows)]
+
+
+def plot_calibration(records: list[dict], out: str) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    table = [t for t in calibration_table(records) if t["n"]]
+    fig, ax = plt.subplots(figsize=(6, 5))
+    x = [t["confidence"] for t in table]
+    ax.plot([0, 1], [0, 1], color="grey", lw=0.8, ls="--", label="confidence = acceptance")
+    ax.plot(x, [t["observed"] for t in table], "o-", label="observed acceptance")
+    ax.plot(x, [t["predicted"] for t in table], "s--", label="calibrated chance (online)")
+    for t in table:
+        ax.annotate(str(t["n"]), (t["confidence"], t["observed"]), fontsize=7,
+                    textcoords="offset points", xytext=(3, -10))
+    ax.set_xlabel("draft's probability of its token (bin mean)")
+    ax.set_ylabel("target accepts the draft")
+    ax.set_title("Draft confidence vs acceptance (n per bin)")
+    ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="vllm-specplug trace")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -119,8 +207,20 @@ def main(argv: list[str]) -> int:
     pl.add_argument("trace")
     pl.add_argument("-o", "--out", default="k_over_time.png")
     pl.add_argument("--max-requests", type=int, default=24)
+    cb = sub.add_parser("confidence", help="the draft's confidence: passes saved, "
+                        "calibration table and plot")
+    cb.add_argument("trace")
+    cb.add_argument("-o", "--out", default="calibration.png")
     args = p.parse_args(argv)
     records = read_trace(args.trace)
+    if args.cmd == "confidence":
+        print(json.dumps(drafting_summary(records), indent=1))
+        print("bin | n | confidence | observed | predicted")
+        for t in calibration_table(records):
+            print(" | ".join(str(t[k] if not isinstance(t[k], float) else round(t[k], 3))
+                             for k in ("bin", "n", "confidence", "observed", "predicted")))
+        print(plot_calibration(records, args.out))
+        return 0
     out = plot_k_over_time(records, args.out, args.max_requests)
     plans = sum(1 for r in records if r.get("event") == "plan")
     print(f"{out}: {plans} planned steps")

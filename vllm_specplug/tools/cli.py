@@ -5,6 +5,7 @@
     vllm-specplug data {list,fetch,path} ...        public prompt sets (HumanEval, ShareGPT)
     vllm-specplug vllm [vllm arguments...]          vLLM's own CLI (e.g. bench serve) on CPU builds
     vllm-specplug trace plot TRACE.jsonl [-o PNG]   K over time per request from a trace
+    vllm-specplug trace confidence TRACE.jsonl [-o PNG]   passes saved, calibration table and plot
     vllm-specplug profile --config FILE [--out DIR] the deployment's step-cost profile
 """
 
