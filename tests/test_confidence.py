@@ -35,6 +35,8 @@ def test_the_calibration_learns_that_confident_drafts_are_accepted():
         cal.observe([conf.tolist()], [a])
     low, mid, high = cal.lift[0][cal.bins(np.array([0.1, 0.6, 0.99]))]
     assert low < -1.0 < 0.0 < high and low < mid < high
+    # One lift for every position: each bin learns from all of them.
+    assert (cal.lift == cal.lift[0]).all()
     acc, n = cal.observed()
     assert n.sum() > 0 and (acc <= n + 1e-9).all()
 
@@ -42,10 +44,10 @@ def test_the_calibration_learns_that_confident_drafts_are_accepted():
 def test_only_the_accepted_drafts_and_the_first_rejection_are_outcomes():
     cal = ConfidenceCalibration(4)
     cal.observe([[0.99, 0.99, 0.1, 0.99]], [2])  # 2 accepted, the third rejected
-    acc, n = cal.counts
+    acc, n = cal.observed()
     assert n.sum() == pytest.approx(3.0)
     assert acc.sum() == pytest.approx(2.0)
-    assert n[3].sum() == 0  # never tested
+    assert cal.by_position[1, 3] == 0  # never tested
 
 
 def test_a_request_stops_at_its_first_slot_that_does_not_pay():

@@ -151,13 +151,12 @@ def calibration_table(records: list[dict]) -> list[dict]:
         if r.get("event") != "verify" or not r.get("confidence"):
             continue
         confs, accs = [], []
+        rates = cal.position_rates()
         for rid, conf in r["confidence"].items():
             a = r["requests"][rid][1]
-            acc, n = cal.counts
-            overall = (acc.sum(axis=1) + 1.0) / (n.sum(axis=1) + 2.0)
             for p, c in enumerate(conf[: min(a + 1, len(conf), cal.width)]):
                 b = int(cal.bins(np.array([c]))[0])
-                base = float(np.clip(overall[p], 1e-3, 1 - 1e-3))
+                base = float(np.clip(rates[p], 1e-3, 1 - 1e-3))
                 logit = np.log(base / (1 - base)) + cal.lift[p, b]
                 row = rows[b]
                 row["n"] += 1

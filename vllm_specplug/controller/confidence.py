@@ -6,10 +6,10 @@ sentence) is often wrong.  The request's history cannot tell these apart;
 the draft's probability of the token it drafted can.
 
 ``ConfidenceCalibration`` learns, from verified drafts, how much a
-confidence moves the chance that the target accepts a token at a draft
-position: per position and confidence bin, the log-odds of acceptance in
-the bin less that of the position overall (the *lift*), shrunk toward 0
-where the bin has few outcomes.  A slot's chance is then the request's own
+confidence moves the chance that the target accepts a token: per
+confidence bin, the log-odds of the bin's acceptance less those of what
+its drafts' positions accept overall (the *lift*), shrunk toward 0 while
+the bin has few outcomes.  A slot's chance is then the request's own
 history estimate of that position, moved by its token's lift; a cold
 calibration has no lift and leaves the history estimate as it is.
 
@@ -55,16 +55,30 @@ def _logit(p):
 
 
 class ConfidenceCalibration:
-    """Per (draft position, confidence bin): forgotten counts of accepted and verified."""
+    """Per confidence bin: forgotten counts of verified drafts, of accepted ones,
+    and of the acceptance their positions would have had without the
+    confidence (the position's pooled rate when each was verified).
+
+    The lift of a bin is its observed acceptance against that expectation,
+    in log-odds, shrunk toward 0 by ``LIFT_PSEUDO_COUNT`` expected outcomes:
+    pooled over positions, so that a bin learns from every position, while
+    the position's own rate stays in the request's history estimate.
+    """
 
     def __init__(self, width: int, edges: np.ndarray = EDGES) -> None:
         self.width = max(int(width), 1)
         self.edges = np.asarray(edges, dtype=np.float64)
-        self.counts = np.zeros((2, self.width, self.edges.size + 1))
-        self._lift = np.zeros((self.width, self.edges.size + 1))
+        nb = self.edges.size + 1
+        self.by_position = np.zeros((2, self.width))  # accepted, verified
+        self.by_bin = np.zeros((3, nb))  # accepted, verified, expected accepted
+        self._lift = np.zeros(nb)
 
     def bins(self, confidence: np.ndarray) -> np.ndarray:
         return np.searchsorted(self.edges, confidence, side="right")
+
+    def position_rates(self) -> np.ndarray:
+        acc, n = self.by_position
+        return (acc + 1.0) / (n + 2.0)
 
     def observe(self, confidences: list, accepted: list) -> None:
         """One step's verifications: per request, the confidences of the drafts
@@ -81,22 +95,28 @@ class ConfidenceCalibration:
         if not pos:
             return
         p, b, o = np.concatenate(pos), np.concatenate(bin_), np.concatenate(ok)
-        self.counts *= FORGETTING
-        np.add.at(self.counts[0], (p, b), o.astype(np.float64))
-        np.add.at(self.counts[1], (p, b), 1.0)
-        acc, n = self.counts
-        overall = (acc.sum(axis=1, keepdims=True) + 1.0) / (n.sum(axis=1, keepdims=True) + 2.0)
-        in_bin = (acc + LIFT_PSEUDO_COUNT * overall) / (n + LIFT_PSEUDO_COUNT)
-        self._lift = _logit(in_bin) - _logit(overall)
+        expected = self.position_rates()[p]
+        self.by_position *= FORGETTING
+        self.by_bin *= FORGETTING
+        np.add.at(self.by_position[0], p, o.astype(np.float64))
+        np.add.at(self.by_position[1], p, 1.0)
+        np.add.at(self.by_bin[0], b, o.astype(np.float64))
+        np.add.at(self.by_bin[1], b, 1.0)
+        np.add.at(self.by_bin[2], b, expected)
+        acc, n, exp = self.by_bin
+        base = np.where(n > 0, exp / np.maximum(n, 1e-12), 0.5)
+        in_bin = (acc + LIFT_PSEUDO_COUNT * base) / (n + LIFT_PSEUDO_COUNT)
+        self._lift = _logit(in_bin) - _logit(base)
 
     @property
     def lift(self) -> np.ndarray:
-        """[position, bin]: log-odds added to a slot's history estimate."""
-        return self._lift
+        """[position, bin]: log-odds added to a slot's history estimate (the
+        same for every position)."""
+        return np.broadcast_to(self._lift, (self.width, self._lift.size))
 
     def observed(self) -> tuple[np.ndarray, np.ndarray]:
-        """(accepted, verified) per bin, over positions: the calibration's evidence."""
-        return self.counts[0].sum(axis=0), self.counts[1].sum(axis=0)
+        """(accepted, verified) per bin: the calibration's evidence."""
+        return self.by_bin[0].copy(), self.by_bin[1].copy()
 
 
 @dataclass
