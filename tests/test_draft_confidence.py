@@ -43,7 +43,8 @@ def plain(tiny_models):
 @pytest.fixture(scope="module")
 def perfect(tiny_models, plain):
     """The target as its own draft: confident, and always right."""
-    llm = make_llm(tiny_models["target"], speculative=spec(tiny_models["target"]))
+    llm = make_llm(tiny_models["target"], speculative=spec(tiny_models["target"]),
+                   specplug={"draft_confidence": True})
     yield llm
     shutdown(llm)
 
@@ -110,7 +111,8 @@ def test_a_stop_that_keeps_nothing_offers_no_draft(perfect, plain, monkeypatch):
 
 
 def test_a_poor_draft_with_the_stop_is_exact(tiny_models, plain):
-    llm = make_llm(tiny_models["target"], speculative=spec(tiny_models["draft_bad"]))
+    llm = make_llm(tiny_models["target"], speculative=spec(tiny_models["draft_bad"]),
+                   specplug={"draft_confidence": True})
     try:
         outs = llm.generate(PROMPTS, greedy(64), use_tqdm=False)
         assert token_ids(outs) == plain
@@ -118,9 +120,8 @@ def test_a_poor_draft_with_the_stop_is_exact(tiny_models, plain):
         shutdown(llm)
 
 
-def test_off_in_the_config_sends_no_rule(tiny_models, plain):
-    llm = make_llm(tiny_models["target"], speculative=spec(tiny_models["target"]),
-                   specplug={"draft_confidence": False})
+def test_off_by_default_sends_no_rule(tiny_models, plain):
+    llm = make_llm(tiny_models["target"], speculative=spec(tiny_models["target"]))
     try:
         outs = llm.generate(PROMPTS, greedy(32), use_tqdm=False)
         assert token_ids(outs) == [p[:32] for p in plain]

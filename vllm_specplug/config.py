@@ -82,10 +82,11 @@ class SpecPlugConfig:
     # up (one prefill-like pass) before it drafts again.  Off: vLLM's path,
     # the draft's first pass runs every step.
     zero_cost_fallback: bool = True
-    # draft_model with synchronous scheduling: the draft loop stops where the
-    # draft's own confidence says the next position does not pay, and only
-    # the drafts worth it are verified.  Off: K per request from history only.
-    draft_confidence: bool = True
+    # draft_model with synchronous scheduling, TP=1: the draft loop stops where
+    # the draft's own confidence says the next position does not pay, and only
+    # the drafts worth it are verified.  Off (the default: measured slower than
+    # history alone on the Qwen pair, benchmarks/README): K from history only.
+    draft_confidence: bool = False
 
     @classmethod
     def from_additional_config(

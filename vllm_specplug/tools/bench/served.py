@@ -16,8 +16,8 @@ concurrency and at one Poisson request rate.  Arms:
 - ``plugin-k2``: the plugin loaded, its scheduler and patches on, at vLLM's K=2
   (``policy: static``): what the plugin's own path costs, apart from its policy;
 - ``adaptive``: the plugin's adaptive policy with the shipped ceiling.
-- ``adaptive-history``: the same with the draft's confidence off
-  (``draft_confidence: false``): K from each request's history alone.
+- ``adaptive-confidence``: the same with the draft's confidence on
+  (``draft_confidence: true``; not in the default grid).
 
 The first run after a server is up is its cold run (other prompts than the
 grid's, no warm-up, vLLM's ready-check request turned off); every cell
@@ -249,10 +249,10 @@ def server_command(setup: ServedSetup, arm: str, target: str, draft: str | None,
             spec["num_speculative_tokens_per_batch_size"] = [
                 [lo, hi, min(kk, setup.ceiling)] for lo, hi, kk in VLLM_TABLE]
         argv += ["--speculative-config", json.dumps(spec)]
-    if arm in ("adaptive", "adaptive-history", "plugin-k2"):
+    if arm in ("adaptive", "adaptive-confidence", "plugin-k2"):
         specplug = ({"policy": "goodput"} if arm == "adaptive" else
-                    {"policy": "goodput", "draft_confidence": False}
-                    if arm == "adaptive-history" else {"policy": "static", "static_k": k})
+                    {"policy": "goodput", "draft_confidence": True}
+                    if arm == "adaptive-confidence" else {"policy": "static", "static_k": k})
         if trace_path:
             specplug["trace_path"] = trace_path
         argv += ["--scheduler-cls", "vllm_specplug.AdaptiveSpecScheduler",

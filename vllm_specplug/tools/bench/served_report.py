@@ -32,7 +32,7 @@ _T90 = (6.314, 2.920, 2.353, 2.132, 2.015, 1.943, 1.895, 1.860, 1.833, 1.812)
 STATIC = ("vllm-k2", "vllm-k4", "vllm-k6", "vllm-k8", "vllm-table")
 # The plugin's adaptive policy with and without the draft's confidence: neither
 # is a fixed arm the adaptive one is judged against.
-ADAPTIVE = ("adaptive-history", "adaptive")
+ADAPTIVE = ("adaptive-confidence", "adaptive")
 ORDER = ("plain", "vllm-k2", "vllm-k4", "vllm-k6", "vllm-k8", "vllm-table", "plugin-k2",
          *ADAPTIVE)
 
