@@ -75,7 +75,8 @@ class ServedSetup:
     requests: int  # per run at concurrency 1; 2 * c at concurrency c > 1
     rate: float  # requests per second of the Poisson cell (0: none)
     rate_workload: str = "mixed"  # the one workload that gets the Poisson cell
-    arms: tuple[str, ...] = ARMS
+    # The grid's arms; vllm-k6, vllm-k8 and adaptive-confidence only when asked for (--arms).
+    arms: tuple[str, ...] = ("plain", "vllm-k2", "vllm-k4", "vllm-table", "plugin-k2", "adaptive")
     max_model_len: int = 1024
     max_prompt_tokens: int = 384
     dtype: str | None = None
