@@ -130,3 +130,36 @@ def test_off_by_default_sends_no_rule(tiny_models, plain):
         assert sp.controller.calibration.observed()[1].sum() == 0
     finally:
         shutdown(llm)
+
+
+def test_off_the_cpu_runner_the_worker_hooks_nothing(monkeypatch):
+    """On a GPU runner (not checked) the worker sends no report, so the
+    scheduler never sends a rule: the draft loop is vLLM's."""
+    from vllm_specplug import deployment
+    from vllm_specplug.patches import draft_confidence
+
+    monkeypatch.setattr(deployment, "_on_cpu", lambda: False)
+    monkeypatch.setattr(draft_confidence, "_WARNED", [])
+    hooked = []
+    monkeypatch.setattr(draft_confidence, "_hook_runner", lambda r, p: hooked.append(r))
+
+    class Runner:
+        def propose_draft_token_ids(self, *a):
+            pass
+
+        def sample_tokens(self, *a):
+            pass
+
+    class Proposer:
+        def __init__(self, vllm_config, device, runner=None):
+            pass
+
+    monkeypatch.setattr(draft_confidence, "_INIT_SIGNATURE",
+                        __import__("inspect").signature(Proposer.__init__))
+    init = draft_confidence._wrap_init(Proposer.__init__)
+    p = Proposer.__new__(Proposer)
+    init(p, None, "cpu", runner=Runner())
+    assert hooked == [] and draft_confidence._WARNED == [True]
+    monkeypatch.setattr(deployment, "_on_cpu", lambda: True)
+    init(p, None, "cpu", runner=Runner())
+    assert len(hooked) == 1

@@ -39,8 +39,9 @@ Checked against
     the scheduler there), tensor parallelism (only rank 0's logits are
     guaranteed whole), or a pinned K_step.  Not checked on the V1 GPU
     runner's padded drafter batch or CUDA graphs, nor on V2 (another
-    speculator): there no report is sent, and the scheduler plans as
-    without the patch.
+    speculator): off any CPU runner the worker hooks nothing and sends no
+    report (one warning), so the scheduler never sends a rule and the draft
+    loop is vLLM's.
 
 When it can go
     When vLLM's proposer exposes its draft probabilities for greedy drafts
@@ -233,6 +234,25 @@ def _hook_runner(runner, proposer) -> None:
     runner.sample_tokens = sample
 
 
+def _platform_checked() -> bool:
+    """Only vLLM's CPU runner is checked (the GPU runners' padded drafter batch
+    and CUDA graphs are not): elsewhere no report is sent, so the scheduler
+    never sends a rule and the draft loop is vLLM's.  Said once."""
+    from vllm_specplug.deployment import _on_cpu
+
+    if _on_cpu():
+        return True
+    if not _WARNED:
+        _WARNED.append(True)
+        logger.warning("vllm-specplug: the draft-confidence stop runs on vLLM's CPU runner only; "
+                       "here the draft loop runs every position the scheduler asks for, as "
+                       "in vLLM (draft_confidence has no effect)")
+    return False
+
+
+_WARNED: list = []
+
+
 def _wrap_init(original):
     # vLLM hands the proposer its model runner but does not keep it.
     def __init__(self, *args, **kwargs):
@@ -240,7 +260,7 @@ def _wrap_init(original):
         runner = _INIT_SIGNATURE.bind(self, *args, **kwargs).arguments.get("runner")
         self.__dict__["_specplug_runner"] = runner
         if runner is not None and callable(getattr(runner, "propose_draft_token_ids", None)) \
-                and callable(getattr(runner, "sample_tokens", None)):
+                and callable(getattr(runner, "sample_tokens", None)) and _platform_checked():
             _hook_runner(runner, self)
 
     return __init__
