@@ -33,10 +33,10 @@ def test_the_calibration_learns_that_confident_drafts_are_accepted():
         ok = rng.uniform(size=4) < conf
         a = int(np.argmin(ok)) if not ok.all() else 4
         cal.observe([conf.tolist()], [a])
-    low, mid, high = cal.lift[0][cal.bins(np.array([0.1, 0.6, 0.99]))]
+    low, mid, high = cal.lift[cal.bins(np.array([0.1, 0.6, 0.99]))]
     assert low < -1.0 < 0.0 < high and low < mid < high
     # One lift for every position: each bin learns from all of them.
-    assert (cal.lift == cal.lift[0]).all()
+    assert cal.lift.shape == (cal.edges.size + 1,)
     acc, n = cal.observed()
     assert n.sum() > 0 and (acc <= n + 1e-9).all()
 
@@ -51,8 +51,8 @@ def test_only_the_accepted_drafts_and_the_first_rejection_are_outcomes():
 
 
 def test_a_request_stops_at_its_first_slot_that_does_not_pay():
-    lift = np.zeros((4, 9))
-    lift[:, 0] = -6.0  # a draft under 0.3 confidence is almost never accepted
+    lift = np.zeros(9)
+    lift[0] = -6.0  # a draft under 0.3 confidence is almost never accepted
     r = rule([[0.9] * 4, [0.9] * 4], [4, 4], slot_cut=0.2, pass_cut=0.0, lift=lift)
     st = DraftStopper(r, np.array([0, 1]))
     assert st.after_position(np.array([0.99, 0.99]))

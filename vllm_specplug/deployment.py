@@ -26,6 +26,11 @@ _PACKAGE = "vllm_specplug."
 # step whether it skips the draft at K_step = 0 (set by the patch, read by
 # the scheduler: the workers' actual state, not the config's promise).
 ZERO_COST_OUTPUT_ATTR = "specplug_zero_cost"
+# The draft-confidence stop (patches/draft_confidence.py): the SchedulerOutput
+# attribute carrying the step's StopRule, and the ModelRunnerOutput attribute
+# carrying the worker's DraftReport.
+STOP_RULE_ATTR = "specplug_stop_rule"
+REPORT_ATTR = "specplug_draft_report"
 
 
 def catch_up_tokens(stale_from: int, computed: int, block_size: int) -> int:

@@ -37,6 +37,8 @@ from vllm.v1.outputs import DraftTokenIds
 from vllm_specplug.compat import effective_k_step
 from vllm_specplug.deployment import (
     DRAFT_MODEL_METHODS,
+    REPORT_ATTR,
+    STOP_RULE_ATTR,
     ZERO_COST_OUTPUT_ATTR,
     catch_up_tokens,
     graph_note,
@@ -49,7 +51,6 @@ from vllm_specplug.config import (
     SpecPlugRequestError,
     parse_request_args,
 )
-from vllm_specplug.patches.draft_confidence import REPORT_ATTR, STOP_RULE_ATTR
 from vllm_specplug.controller import (UNKNOWN_DRAFT_RATIO, SpecController, StepProfile,
                                       prior_profile, warm_up)
 

@@ -151,18 +151,17 @@ def calibration_table(records: list[dict]) -> list[dict]:
         if r.get("event") != "verify" or not r.get("confidence"):
             continue
         confs, accs = [], []
-        rates = cal.position_rates()
         for rid, conf in r["confidence"].items():
             a = r["requests"][rid][1]
-            for p, c in enumerate(conf[: min(a + 1, len(conf), cal.width)]):
-                b = int(cal.bins(np.array([c]))[0])
-                base = float(np.clip(rates[p], 1e-3, 1 - 1e-3))
-                logit = np.log(base / (1 - base)) + cal.lift[p, b]
+            seen = np.asarray(conf[: min(a + 1, len(conf), cal.width)], dtype=np.float64)
+            positions = np.arange(seen.size)
+            for p, c, b, chance in zip(positions, seen, cal.bins(seen),
+                                       cal.predict(positions, seen)):
                 row = rows[b]
                 row["n"] += 1
                 row["accepted"] += int(p < a)
-                row["conf"] += c
-                row["predicted"] += float(1.0 / (1.0 + np.exp(-logit)))
+                row["conf"] += float(c)
+                row["predicted"] += float(chance)
             confs.append(conf)
             accs.append(a)
         cal.observe(confs, accs)

@@ -54,6 +54,11 @@ def _logit(p):
     return np.log(p) - np.log1p(-p)
 
 
+def moved(chance, lift):
+    """``chance`` moved by ``lift`` in log-odds: a slot's calibrated chance."""
+    return 1.0 / (1.0 + np.exp(-(_logit(chance) + lift)))
+
+
 class ConfidenceCalibration:
     """Per confidence bin: forgotten counts of verified drafts, of accepted ones,
     and of the acceptance their positions would have had without the
@@ -110,9 +115,13 @@ class ConfidenceCalibration:
 
     @property
     def lift(self) -> np.ndarray:
-        """[position, bin]: log-odds added to a slot's history estimate (the
-        same for every position)."""
-        return np.broadcast_to(self._lift, (self.width, self._lift.size))
+        """Per bin: log-odds added to a slot's history estimate, at any position."""
+        return self._lift
+
+    def predict(self, positions: np.ndarray, confidences: np.ndarray) -> np.ndarray:
+        """The chance of drafts at ``positions`` with ``confidences``, from the
+        positions' pooled rates (no request history): what the trace replays."""
+        return moved(self.position_rates()[positions], self._lift[self.bins(confidences)])
 
     def observed(self) -> tuple[np.ndarray, np.ndarray]:
         """(accepted, verified) per bin: the calibration's evidence."""
@@ -126,7 +135,7 @@ class StopRule:
     req_ids: list[str]
     conditional: np.ndarray  # [requests, width]: history chance of each position
     caps: np.ndarray         # [requests]: most drafts a request may keep
-    lift: np.ndarray         # [width, bins]
+    lift: np.ndarray         # [bins]
     edges: np.ndarray
     slot_cut: float          # survival a slot needs to pay its verification
     pass_cut: float          # expected tokens a further position must add to pay its pass
@@ -161,10 +170,8 @@ class DraftStopper:
             return True
         width = self.cond.shape[1]
         if j < width:
-            lift = self.rule.lift[min(j, self.rule.lift.shape[0] - 1)]
             bins = np.searchsorted(self.rule.edges, conf, side="right")
-            chance = 1.0 / (1.0 + np.exp(-(_logit(self.cond[:, j]) + lift[bins])))
-            self.survival = self.survival * chance
+            self.survival = self.survival * moved(self.cond[:, j], self.rule.lift[bins])
         else:
             self.survival = np.zeros_like(self.survival)
         keep = self.active & (self.survival >= max(self.rule.slot_cut, 1e-3)) & (j < self.caps)

@@ -55,13 +55,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from vllm_specplug.deployment import REPORT_ATTR, STOP_RULE_ATTR
+
 logger = logging.getLogger("vllm.specplug")
 
 PATCH_NAME = "draft_confidence"
-# The SchedulerOutput attribute carrying the step's StopRule.
-STOP_RULE_ATTR = "specplug_stop_rule"
-# The ModelRunnerOutput attribute carrying this step's DraftReport.
-REPORT_ATTR = "specplug_draft_report"
 
 
 @dataclass
