@@ -121,6 +121,28 @@ def test_goodput_decide_matches_reference(seed):
         assert_same(got, want, f"seed {seed} case {case}")
 
 
+@pytest.mark.parametrize("seed", range(10))
+def test_a_probes_hopeful_plan_is_the_plan_of_the_hopeful_survival(seed):
+    """``decide_hoping`` re-uses the last decision's sorted candidates; it must
+    decide as ``decide_priced`` on the survival with the due rows replaced
+    (ties included: coarse survivals and hopes equal to other rows' values)."""
+    rng = np.random.default_rng(500 + seed)
+    for case in range(100):
+        survival, ceilings, base, kw = random_decide_args(rng)
+        batch, width = survival.shape
+        _, pricer = random_pricers(rng)
+        policy = new.GoodputPolicy(float(rng.choice([0.0, 0.02])))
+        prices = policy.prices(batch, width, base, pricer, **kw)
+        policy.decide_priced(survival, ceilings, prices)
+        due = rng.random(batch) < rng.choice([0.05, 0.5, 1.0])
+        hope = (rng.choice([0.9, 0.75, 0.5]) ** np.arange(1.0, width + 1))
+        got = policy.decide_hoping(survival, ceilings, due, hope, prices)
+        hopeful = survival.copy()
+        hopeful[due] = hope
+        want = new.GoodputPolicy(policy.min_gain).decide_priced(hopeful, ceilings, prices)
+        assert_same(got, want, f"seed {seed} case {case}")
+
+
 def _drive(ctrl, rng_seed: int, steps: int, max_k: int, pinned: bool):
     """Random traffic through one controller; yields its decisions."""
     rng = np.random.default_rng(rng_seed)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numba
 import numpy as np
 
 from vllm_specplug.controller.confidence import ConfidenceCalibration, StopRule
@@ -28,6 +29,103 @@ from vllm_specplug.controller.policy import (
 )
 from vllm_specplug.controller.profile import (UNKNOWN_DRAFT_RATIO, ProfileCorrection,
                                               StepProfile, prior_profile)
+
+
+@numba.njit(cache=True)
+def _probe_due(rows, k, ceilings, now, timeout, interval, probe_k, max_interval,
+               in_fallback, backoff, waited, probe_at, probe_size, probe_ok, due):
+    """A plan's probe bookkeeping (``SpecController._probe``), request by request.
+
+    A request granted drafts again leaves fallback (its probe state reset);
+    one granted none while its ceiling allows drafts is in fallback: a probe
+    of it pending for ``timeout`` plans fails, and one not probing waits a
+    plan more and is due after its back-off (at once after an accepted
+    probe).  Fills ``due`` with the batch indices of the due requests;
+    returns how many, and how many requests came back after an accepted probe.
+    """
+    recoveries = 0
+    fallback = False
+    for i in range(rows.size):
+        r = rows[i]
+        if k[i] > 0 and in_fallback[r] != 0:
+            if probe_ok[r] != 0:
+                recoveries += 1
+            backoff[r], waited[r], probe_at[r], probe_size[r] = interval, 0, -1, probe_k
+            probe_ok[r] = 0
+        in_fallback[r] = 1 if k[i] == 0 and ceilings[i] > 0 else 0
+        fallback |= in_fallback[r] != 0
+    if not fallback:
+        return 0, recoveries
+    n = 0
+    for i in range(rows.size):
+        r = rows[i]
+        probing = probe_at[r] >= 0
+        if probing and now - probe_at[r] >= timeout:  # failed: no verdict came
+            probe_at[r], probe_ok[r], probe_size[r] = -1, 0, probe_k
+            backoff[r] = min(backoff[r] * 2, max_interval)
+            probing = False
+        if in_fallback[r] != 0 and not probing:
+            waited[r] += 1
+            if waited[r] >= backoff[r] or probe_ok[r] != 0:
+                due[n] = i
+                n += 1
+    return n, recoveries
+
+
+@numba.njit(cache=True)
+def _verified(rows, drafted, accepted):
+    """The verifications of requests that drafted, acceptance clipped to [0, drafted]:
+    rows, drafted, accepted, and their totals."""
+    n = 0
+    for i in range(rows.size):
+        n += drafted[i] > 0
+    out_rows, out_d, out_a = (np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64),
+                              np.empty(n, dtype=np.int64))
+    j = total_d = total_a = 0
+    for i in range(rows.size):
+        if drafted[i] > 0:
+            out_rows[j], out_d[j] = rows[i], drafted[i]
+            out_a[j] = min(max(accepted[i], 0), drafted[i])
+            total_d += out_d[j]
+            total_a += out_a[j]
+            j += 1
+    return out_rows, out_d, out_a, total_d, total_a
+
+
+@numba.njit(cache=True)
+def _probe_verdicts(rows, drafted, accepted, probe_k, max_interval, ceiling,
+                    backoff, probe_at, probe_size, probe_ok):
+    """Probes among one step's verifications: a probe fully accepted doubles the
+    next probe's size (up to the ceiling), one with a rejection doubles the
+    back-off (up to ``max_interval``).  Returns the probes accepted."""
+    succeeded = 0
+    for i in range(rows.size):
+        r = rows[i]
+        if probe_at[r] < 0:
+            continue
+        probe_at[r] = -1
+        if accepted[i] >= drafted[i]:
+            succeeded += 1
+            probe_ok[r] = 1
+            probe_size[r] = min(probe_size[r] * 2, max(ceiling[r], 1))
+        else:
+            probe_ok[r] = 0
+            backoff[r] = min(backoff[r] * 2, max_interval)
+            probe_size[r] = probe_k
+    return succeeded
+
+
+@numba.njit(cache=True)
+def _count_plan(k, ceilings, k_counts):
+    """A plan in the statistics: per-K counts; returns the slots and the requests in fallback."""
+    slots = fallback = 0
+    for i in range(k.size):
+        if k[i] < k_counts.size:
+            k_counts[k[i]] += 1
+        slots += k[i]
+        if k[i] == 0 and ceilings[i] > 0:
+            fallback += 1
+    return slots, fallback
 
 
 @dataclass
@@ -104,6 +202,8 @@ class SpecController:
         self.stats = ControllerStats(k_counts=np.zeros(settings.max_k + 1, dtype=np.int64))
         self.last_decision: Decision | None = None
         self.calibration = ConfidenceCalibration(width)
+        # The survival a probe hopes for (PROBE_OPTIMISM per position).
+        self._hope = self.PROBE_OPTIMISM ** np.arange(1.0, width + 1)
         # The last plan's rows, ceilings and prices (``stop_rule``).
         self._last_plan: tuple | None = None
 
@@ -213,29 +313,27 @@ class SpecController:
         if (isinstance(req_ids, list) and d.dtype.kind in "iu" and a.dtype.kind in "iu"
                 and d.shape == a.shape == (len(req_ids),) and req_ids == self._last_ids):
             # The batch just planned (the usual case): its rows are known.
-            seen = d > 0
-            rows = self._last_rows[seen]
-            drafted, accepted = d[seen].astype(np.int64), a[seen].astype(np.int64)
+            rows, drafted, accepted, n_drafted, n_accepted = _verified(
+                self._last_rows, d.astype(np.int64, copy=False), a.astype(np.int64, copy=False))
         else:
             get = self._row_of.get
             known = [(get(r), d, a) for r, d, a in zip(req_ids, drafted, accepted)
                      if d > 0 and get(r) is not None]
             if not known:
                 return
-            rows, drafted, accepted = (np.array(x, dtype=np.int64) for x in zip(*known))
+            rows, drafted, accepted, n_drafted, n_accepted = _verified(
+                *(np.array(x, dtype=np.int64) for x in zip(*known)))
         if not rows.size:
             return
-        accepted = np.minimum(np.maximum(accepted, 0), drafted)
         self.estimator.observe_rows(rows, drafted, accepted)
         if self.settings.policy == "heuristic":
             self.heuristic.observe(rows, drafted, accepted)
-        self.stats.drafted += int(drafted.sum())
-        self.stats.accepted += int(accepted.sum())
-        probing = self._probe_at[rows] >= 0
-        if probing.any():
-            ok = accepted >= drafted
-            self.stats.probes_succeeded += int(np.count_nonzero(ok & probing))
-            self._probe_done(rows[probing], ok[probing])
+        self.stats.drafted += n_drafted
+        self.stats.accepted += n_accepted
+        s = self.settings
+        self.stats.probes_succeeded += _probe_verdicts(
+            rows, drafted, accepted, s.probe_k, s.probe_max_interval, self._ceiling,
+            self._backoff, self._probe_at, self._probe_size, self._probe_ok)
 
     def observe_confidence(self, confidences: list, accepted: list) -> None:
         """Verified drafts with the draft's confidence in each (``ConfidenceCalibration``)."""
@@ -349,17 +447,6 @@ class SpecController:
         self._probe_at[rows] = -1
         self._probe_size[rows] = s.probe_k
 
-    def _probe_done(self, rows: np.ndarray, ok: np.ndarray) -> None:
-        """A probe's verdict: a failure doubles the back-off, a success the next probe's size."""
-        s = self.settings
-        self._probe_at[rows] = -1
-        self._probe_ok[rows] = ok
-        failed, passed = rows[~ok], rows[ok]
-        self._backoff[failed] = np.minimum(self._backoff[failed] * 2, s.probe_max_interval)
-        self._probe_size[failed] = s.probe_k
-        self._probe_size[passed] = np.minimum(self._probe_size[passed] * 2,
-                                              np.maximum(self._ceiling[passed], 1))
-
     def _probe(self, rows, ceilings, decision, survival, prices) -> Decision:
         """Send a small probe to requests that sat in fallback long enough.
 
@@ -374,31 +461,21 @@ class SpecController:
         (``PROBE_TIMEOUT`` plans) counts as a failure.  Returns the plan to
         send: ``decision``, or the plan with the probes, priced.
         """
+        s = self.settings
+        due = np.empty(rows.size, dtype=np.int64)
+        n_due, recoveries = _probe_due(
+            rows, decision.k, ceilings, self.stats.steps, self.PROBE_TIMEOUT, s.probe_interval,
+            s.probe_k, s.probe_max_interval, self._in_fallback, self._backoff, self._waited,
+            self._probe_at, self._probe_size, self._probe_ok, due)
+        self.stats.recoveries += recoveries
+        if not n_due:
+            return decision
+        due_idx = due[:n_due]
         k = decision.k.copy()
         now = self.stats.steps
-        fallback = (k == 0) & (ceilings > 0)
-        back = rows[(k > 0) & (self._in_fallback[rows] != 0)]
-        if back.size:
-            self.stats.recoveries += int(np.count_nonzero(self._probe_ok[back]))
-            self._reset_probe(back)
-            self._probe_ok[back] = 0
-        self._in_fallback[rows] = fallback
-        if not fallback.any():
-            return decision
-        probing = self._probe_at[rows] >= 0
-        expired = probing & (now - self._probe_at[rows] >= self.PROBE_TIMEOUT)
-        if expired.any():
-            self._probe_done(rows[expired], np.zeros(int(expired.sum()), dtype=bool))
-            probing &= ~expired
-        waiting = fallback & ~probing
-        self._waited[rows[waiting]] += 1
-        due = waiting & ((self._waited[rows] >= self._backoff[rows]) | (self._probe_ok[rows] != 0))
-        due_idx = np.flatnonzero(due)
-        if not due_idx.size:
-            return decision
-        hopeful = survival.copy()
-        hopeful[due_idx] = self.PROBE_OPTIMISM ** np.arange(1, hopeful.shape[1] + 1)
-        plan = self.goodput.decide_priced(hopeful, ceilings, prices)
+        due = np.zeros(rows.size, dtype=np.bool_)
+        due[due_idx] = True
+        plan = self.goodput.decide_hoping(survival, ceilings, due, self._hope, prices)
         depth = int(plan.k[due_idx].max(initial=0))
         pinned = prices.fixed_k_step is not None
         if decision.k_step > 0 and not pinned:
@@ -417,14 +494,12 @@ class SpecController:
 
     def _account(self, rows: np.ndarray, ceilings: np.ndarray, decision: Decision) -> None:
         s = self.stats
-        k = decision.k
-        counts = np.bincount(k, minlength=s.k_counts.size)
-        s.k_counts += counts[: s.k_counts.size]
+        slots, fallback = _count_plan(decision.k, ceilings, s.k_counts)
         s.steps += 1
         s.sum_k_step += int(decision.k_step)
         s.request_steps += rows.size
-        s.granted_slots += int(k.sum())
-        s.fallback_request_steps += int(np.count_nonzero((k == 0) & (ceilings > 0)))
+        s.granted_slots += int(slots)
+        s.fallback_request_steps += int(fallback)
 
 
 def warm_up(settings: ControllerSettings, profile: StepProfile) -> None:
@@ -442,6 +517,13 @@ def warm_up(settings: ControllerSettings, profile: StepProfile) -> None:
         k = np.asarray(d.k, dtype=np.int64)
         ctrl.observe_verifications(ids, k, k // 2)
         ctrl.observe_step(len(ids), len(ids) + int(k.sum()), int(d.k_step), 1.0)
+    # A probe's kernels run only when a probe is due.
+    policy, survival = ctrl.goodput, ctrl.estimator.survival(ctrl.rows(ids))
+    ceilings = np.full(len(ids), max(settings.max_k, 1), dtype=np.int64)
+    prices = policy.prices(len(ids), survival.shape[1], float(len(ids)), ctrl.pricer)
+    policy.decide_priced(survival, ceilings, prices)
+    policy.decide_hoping(survival, ceilings, np.array([True, False]), ctrl._hope, prices)
+    policy.price(survival, np.ones(len(ids), dtype=np.int64), 1, prices)
     for rid in ids:
         ctrl.finish_request(rid)
 

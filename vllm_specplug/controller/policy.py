@@ -18,7 +18,6 @@ heuristic one its per-request state.
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -167,6 +166,68 @@ def _best_plan(vals, rows, at, by_n, ratio, batch, j_first, j_last, draft_pass, 
     return best_j, best_n, best, best_s, best_g
 
 
+@numba.njit(cache=True)
+def _with_rows_replaced(vals, rows, at, due, hope, ceilings, min_survival):
+    """``_candidates`` of the survival with the ``due`` requests' rows replaced by
+    ``hope`` (strictly decreasing along positions), from the candidates of the
+    survival before (``vals``, ``rows``, ``at``): their slots are dropped and
+    the hoped-for ones merged in, in the same order (most likely first, equal
+    ones in row-major order)."""
+    width = hope.size
+    n_old = vals.size
+    keep = np.empty(n_old, dtype=np.int64)
+    n_keep = 0
+    for m in range(n_old):
+        if not due[rows[m]]:
+            keep[n_keep] = m
+            n_keep += 1
+    # The hoped-for slots, most likely first: by position, then by request.
+    n_new = 0
+    for r in range(due.size):
+        if due[r]:
+            n_new += min(width, max(ceilings[r], 0))
+    new_rows = np.empty(n_new, dtype=np.int64)
+    new_at = np.empty(n_new, dtype=np.int64)
+    n = 0
+    for p in range(width):
+        if hope[p] < min_survival:
+            break
+        for r in range(due.size):
+            if due[r] and p < ceilings[r]:
+                new_rows[n], new_at[n] = r, p
+                n += 1
+    total = n_keep + n
+    out_vals, out_rows, out_at = np.empty(total), np.empty(total, dtype=np.int64), \
+        np.empty(total, dtype=np.int64)
+    a = b = deepest = 0
+    for o in range(total):
+        take_old = b >= n
+        if not take_old and a < n_keep:
+            m = keep[a]
+            v_new = hope[new_at[b]]
+            take_old = vals[m] > v_new or (vals[m] == v_new and rows[m] * width + at[m]
+                                           < new_rows[b] * width + new_at[b])
+        if take_old:
+            m = keep[a]
+            out_vals[o], out_rows[o], out_at[o] = vals[m], rows[m], at[m]
+            a += 1
+        else:
+            out_vals[o], out_rows[o], out_at[o] = hope[new_at[b]], new_rows[b], new_at[b]
+            b += 1
+        deepest = max(deepest, out_at[o])
+    return out_vals, out_rows, out_at, deepest
+
+
+@numba.njit(cache=True)
+def _slots_gain(survival, k):
+    """The survivals of the slots ``k`` grants (the first ``k[r]`` of each row), summed."""
+    gain = 0.0
+    for r in range(k.size):
+        for p in range(k[r]):
+            gain += survival[r, p]
+    return gain
+
+
 @dataclass
 class Decision:
     k_step: int
@@ -270,6 +331,9 @@ class GoodputPolicy:
         # moves break-even, it remembers nothing; the catch-up charge is what
         # keeps a choice near break-even under the zero-cost fallback).
         self.min_gain = min_gain
+        self._cached_shape: tuple | None = None
+        # The last decide_priced's survival, ceilings and candidates (decide_hoping).
+        self._last_candidates: tuple | None = None
 
     def decide(
         self,
@@ -304,19 +368,13 @@ class GoodputPolicy:
         """What ``decide`` prices, for ``decide_priced``: one step's shape, any survival."""
         profile, corr = pricer.profile, pricer.correction
         base = max(float(base_tokens), float(batch))
+        shape = self._shape(profile, base, batch, width)
+        prefill_p, prefill_f, plain_p, by_n, draft_pass = shape[4:]
         # Every plan of this step, plain's included, is priced at the
         # correction of the step's own shape, prefill chunk and all.
-        # (Not below zero: the token curves are the measured medians, and a
-        # step over more tokens can measure cheaper; see by_n below.)
-        prefill_p = max(profile.target(base) - profile.target(batch), 0.0)
-        # The draft's pass over the prefill chunk, when a plain step would
-        # skip it (zero-cost fallback); otherwise what drafting adds is the
-        # step's own cost.
-        prefill_f = (max(profile.first(base) - profile.first(batch), 0.0)
-                     if profile.skips_draft_at_k0 else 0.0)
         ratio = corr.ratio(base, batch)
         # The plain step with its prefill chunk: at least the plain step without it.
-        plain_full = (profile.target(batch) + prefill_p) * ratio
+        plain_full = (plain_p + prefill_p) * ratio
         prefill_s = prefill_p * ratio
         unseen_s = catch_up_s + prefill_f * ratio  # paid by drafting plans
         per_token = 1.0 / max(horizon, 1.0) if horizon is not None else 0.0
@@ -325,32 +383,84 @@ class GoodputPolicy:
                      plain_charged=plain_full - prefill_s + skip_s * per_token * batch)
         if fixed_k_step == 0 or width == 0 or batch == 0:
             return pr
-        # Profiled seconds of a drafting step's decode work by the number n
-        # of slots it verifies (0..all), before the K_step-dependent draft
-        # passes: the step less its prefill share.
-        # (The correction's ratios are taken per decision, for as many slots
-        # as it has: ratios_from's single band and several are not
-        # computed alike.)
-        pr.ratios = functools.partial(corr.ratios_from, int(base), batch=batch)
-        tokens = base + np.arange(batch * width + 1, dtype=np.float64)
-        # Non-decreasing in n from the step's own size: a plan at this batch
-        # is priced from the profile at its own tokens and up, so a measured
-        # dip cannot price a slot below nothing, and a smaller shape (a
-        # 1-token step measured slower than a 4-token one) never raises this
-        # step's prices.
-        pr.by_n = np.maximum.accumulate(profile.verify_and_first(tokens)) - prefill_p - prefill_f
-        pr.draft_pass = profile.draft_pass(batch)
+        pr.by_n, pr.draft_pass = by_n, draft_pass
+        # The correction's ratios for the step's tokens and 0..all slots,
+        # taken once per decision; a plan of n slots reads the first n + 1.
+        full = []
+
+        def ratios(count: int) -> np.ndarray:
+            if not full:
+                full.append(corr.ratios_from(int(base), by_n.size, batch=batch))
+            return full[0][:count]
+
+        pr.ratios = ratios
         return pr
+
+    def _shape(self, profile: StepProfile, base: float, batch: int, width: int) -> tuple:
+        """The profile's prices of a step shape, cached while the profile and the shape
+        stay (a batch decoding step after step asks for the same one)."""
+        cached = self._cached_shape
+        if (cached is not None and cached[0] is profile and cached[1] == base
+                and cached[2] == batch and cached[3] == width):
+            return cached
+        # The prefill chunk's share, not below zero: the token curves are the
+        # measured medians, and a step over more tokens can measure cheaper
+        # (see by_n below).
+        plain_p = profile.target(batch)
+        prefill_p = max(profile.target(base) - plain_p, 0.0)
+        # The draft's pass over the prefill chunk, when a plain step would
+        # skip it (zero-cost fallback); otherwise what drafting adds is the
+        # step's own cost.
+        prefill_f = (max(profile.first(base) - profile.first(batch), 0.0)
+                     if profile.skips_draft_at_k0 else 0.0)
+        by_n, draft_pass = None, 0.0
+        if width and batch:
+            # Profiled seconds of a drafting step's decode work by the number n
+            # of slots it verifies (0..all), before the K_step-dependent draft
+            # passes: the step less its prefill share.  Non-decreasing in n
+            # from the step's own size: a plan at this batch is priced from
+            # the profile at its own tokens and up, so a measured dip cannot
+            # price a slot below nothing, and a smaller shape (a 1-token step
+            # measured slower than a 4-token one) never raises this step's
+            # prices.
+            tokens = base + np.arange(batch * width + 1, dtype=np.float64)
+            by_n = np.maximum.accumulate(profile.verify_and_first(tokens)) - prefill_p - prefill_f
+            by_n.flags.writeable = False
+            draft_pass = profile.draft_pass(batch)
+        self._cached_shape = (profile, base, batch, width, prefill_p, prefill_f, plain_p, by_n,
+                              draft_pass)
+        return self._cached_shape
 
     def decide_priced(self, survival: np.ndarray, ceilings: np.ndarray, pr: _Prices) -> Decision:
         """``decide`` for the step ``pr`` prices (``prices``)."""
-        batch, fixed_k_step = pr.batch, pr.fixed_k_step
         if pr.by_n is None:
-            return self._plain(batch, pr.plain, pr.prefill_s, fixed_k_step or 0)
+            self._last_candidates = None
+            return self._plain(pr.batch, pr.plain, pr.prefill_s, pr.fixed_k_step or 0)
         # The candidate slots, most likely first, with their requests and
         # positions.  Slots below MIN_SURVIVAL can never pay for a token of
         # verification.
-        vals, rows, at, deepest = _candidates(survival, ceilings, self.MIN_SURVIVAL)
+        candidates = _candidates(survival, ceilings, self.MIN_SURVIVAL)
+        self._last_candidates = (survival, ceilings, candidates)
+        return self._best(candidates, pr)
+
+    def decide_hoping(self, survival: np.ndarray, ceilings: np.ndarray, due: np.ndarray,
+                      hope: np.ndarray, pr: _Prices) -> Decision:
+        """``decide_priced`` with the survival rows of the requests ``due`` (a mask
+        over the batch) replaced by ``hope``, after ``decide_priced(survival,
+        ceilings, pr)``: the candidates are those of that decision, changed."""
+        last = self._last_candidates
+        if pr.by_n is None or last is None or last[0] is not survival or last[1] is not ceilings:
+            hopeful = survival.copy()
+            hopeful[due] = hope
+            return self.decide_priced(hopeful, ceilings, pr)
+        vals, rows, at, _ = last[2]
+        return self._best(_with_rows_replaced(vals, rows, at, due, hope, ceilings,
+                                              self.MIN_SURVIVAL), pr)
+
+    def _best(self, candidates: tuple, pr: _Prices) -> Decision:
+        """The argmax over ``candidates`` (``_candidates``) at the prices ``pr``."""
+        batch, fixed_k_step = pr.batch, pr.fixed_k_step
+        vals, rows, at, deepest = candidates
         if fixed_k_step is None:
             if not vals.size:
                 return self._plain(batch, pr.plain, pr.prefill_s, 0)
@@ -394,7 +504,7 @@ class GoodputPolicy:
             return self._plain(batch, pr.plain, pr.prefill_s, k_step)
         ratio = float(pr.ratios(n + 1)[n])
         seconds = max((pr.by_n[n] + (k_step - 1) * pr.draft_pass) * ratio, 1e-12)
-        gain = sum(float(survival[r, :k[r]].sum()) for r in np.flatnonzero(k))
+        gain = _slots_gain(survival, k)
         return Decision(k_step=k_step, k=k,
                         predicted_seconds=float(seconds + ratio * pr.prefill_p + pr.unseen_s),
                         predicted_tokens=float(batch + gain),

@@ -42,6 +42,7 @@ import json
 import math
 from dataclasses import dataclass, field
 
+import numba
 import numpy as np
 
 
@@ -265,6 +266,30 @@ class StepProfile:
         return "\n".join(lines)
 
 
+@numba.njit(cache=True)
+def _band_ratios(logs, level, low, high, start, count):
+    """``ProfileCorrection.ratio`` at ``start``, ``start + 1``, ... tokens: token band b
+    holds [2^b, 2^(b+1)) (band 0 also 0 and 1, the last band everything past it)."""
+    out = np.empty(count)
+    end, t, i = start + count, start, 0
+    while t < end:
+        b, x = 0, t
+        while x >= 2:
+            x >>= 1
+            b += 1
+        stop = end
+        if b < logs.size - 1:
+            stop = min(end, 1 << (b + 1))
+        else:
+            b = logs.size - 1
+        v = math.exp(min(max(level + logs[b], low), high))
+        while t < stop:
+            out[i] = v
+            i += 1
+            t += 1
+    return out
+
+
 class ProfileCorrection:
     """Per step shape, a median ratio of measured to profiled step time.
 
@@ -313,15 +338,8 @@ class ProfileCorrection:
     def ratios_from(self, start: int, count: int, batch: int) -> np.ndarray:
         """Ratios for steps of ``batch`` requests and ``start``, ``start + 1``,
         ... ``start + count - 1`` tokens."""
-        lo, hi = self._band(start, self.BANDS), self._band(start + count - 1, self.BANDS)
-        logs = [min(max(self._level + x, self.low), self.high)
-                for x in self._log[self._band(batch, self.BATCH_BANDS), lo:hi + 1].tolist()]
-        if lo == hi:
-            return np.full(count, math.exp(logs[0]))
-        # Band b holds [2^b, 2^(b+1)); the last band holds everything past it.
-        edges = [start] + [1 << b for b in range(lo + 1, hi + 1)] + [start + count]
-        lengths = [e1 - e0 for e0, e1 in zip(edges, edges[1:])]
-        return np.repeat(np.exp(logs), lengths)
+        return _band_ratios(self._log[self._band(batch, self.BATCH_BANDS)], self._level,
+                            self.low, self.high, int(start), int(count))
 
     def observe(self, tokens: float, batch: int, profiled: float, measured: float) -> bool:
         """Fold in one step; returns whether it was kept (garbage timings are not)."""
