@@ -122,3 +122,18 @@ def test_mismatches_explained_by_static_k_are_one_note_not_an_alarm():
     assert note.count("\n") == 0 and "MISMATCH" not in note
     assert "3 greedy output(s)" in note and "qwen prose c=1: goodput, static-K2, static-K4" in note
     assert "bfloat16" in note and "never how they are verified" in note
+
+
+def test_the_adapter_cost_benchmark_runs(tmp_path):
+    """benchmarks/adapter_cost.py end to end on two requests (its numbers are not checked)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "adapter_cost.py"
+    out = subprocess.run([sys.executable, str(script), "--batches", "2", "--steps", "5",
+                          "--warmup", "3", "--models", str(tmp_path)],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "paired per-step sum" in out.stdout
+    assert "    2  plugin |" in out.stdout

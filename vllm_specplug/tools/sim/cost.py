@@ -69,14 +69,13 @@ ALLREDUCE_BUS_BYTES_PER_S = 360e9
 # (``SpecController.plan`` + one step's learning, ``observe_verifications`` +
 # ``observe_step``), in microseconds by batch size, charged to the policies
 # that run the controller (goodput, heuristic, ctrl-static-K).  Measured on
-# this project's 2-core CPU machine (shared with other jobs) by
+# this project's 2-vCPU AMD EPYC machine by
 #     .venv/bin/python benchmarks/decision_cost.py --batch B --k 8 --platform cuda
-# (median plan + median learn, 2000 decisions) at B = 1, 64, 512, with the
-# controller of 2026-12-04 (being optimised: re-measure and update the
-# table when it changes; on the shared machine a second run of the same
-# controller under heavier load read 73 / 236 / 361 us, so take these to
-# +-40%).  Linear in log B between the points, held outside.
-DECISION_US = {1: 121.0, 64: 187.0, 512: 425.0}
+# (median plan + median learn, 2000 decisions, two runs alike within 3%) at
+# B = 1, 64, 512 with the controller of 2026-12-05; benchmarks/README.md has
+# the table.  A GPU host's CPU may be faster or slower.  Linear in log B
+# between the points, held outside.
+DECISION_US = {1: 34.0, 64: 86.0, 512: 162.0}
 
 
 def decision_seconds(batch: int) -> float:
