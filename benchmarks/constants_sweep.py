@@ -33,7 +33,6 @@ import vllm_specplug.controller.controller as controller_mod
 import vllm_specplug.tools.sim.engine as engine
 from vllm_specplug.controller import ControllerSettings
 from vllm_specplug.controller.estimator import AcceptanceEstimator
-from vllm_specplug.controller.policy import GoodputPolicy
 from vllm_specplug.controller.profile import ProfileCorrection
 from vllm_specplug.tools.sim.engine import CellSpec
 from vllm_specplug.tools.sim.report import aggregate, run_sweep, summarize
@@ -92,14 +91,16 @@ def pool_anchor(trials: float):
 VARIANTS = {
     "min_gain=0": settings(min_gain=0.0),                      # 0.02
     "min_gain=0.05": settings(min_gain=0.05),
-    "MIN_SURVIVAL=0": attr(GoodputPolicy, "MIN_SURVIVAL", 0.0),  # 1e-3
-    "MIN_SURVIVAL=0.01": attr(GoodputPolicy, "MIN_SURVIVAL", 0.01),
     "PROFILE_TOLERANCE=0": attr(AcceptanceEstimator, "PROFILE_TOLERANCE", 0.0),  # 0.01
     "PROFILE_TOLERANCE=0.05": attr(AcceptanceEstimator, "PROFILE_TOLERANCE", 0.05),
     "POOL_EVERY=1": attr(AcceptanceEstimator, "POOL_EVERY", 1),  # 8
     "POOL_EVERY=32": attr(AcceptanceEstimator, "POOL_EVERY", 32),
     "POOL_MIN_ROWS=4": attr(AcceptanceEstimator, "POOL_MIN_ROWS", 4),  # 8
     "POOL_MIN_ROWS=16": attr(AcceptanceEstimator, "POOL_MIN_ROWS", 16),
+    "forgetting=0.8": settings(forgetting=0.8),                # 0.9
+    "forgetting=0.95": settings(forgetting=0.95),
+    "prior_strength=0.1": settings(prior_strength=0.1),        # 0.5
+    "prior_strength=2": settings(prior_strength=2.0),
     "initial_acceptance=0.4": settings(initial_acceptance=0.4),  # 0.6
     "initial_acceptance=0.8": settings(initial_acceptance=0.8),
     "pool_anchor=1": pool_anchor(1.0),                          # 4
@@ -157,7 +158,7 @@ def main() -> None:
                  AcceptanceEstimator.__init__,
                  {k: getattr(AcceptanceEstimator, k) for k in
                   ("PROFILE_TOLERANCE", "POOL_EVERY", "POOL_MIN_ROWS")},
-                 GoodputPolicy.MIN_SURVIVAL, controller_mod.SpecController.PROBE_OPTIMISM)
+                 controller_mod.SpecController.PROBE_OPTIMISM)
     for name in names:
         VARIANTS[name]()
         try:
@@ -168,8 +169,7 @@ def main() -> None:
              AcceptanceEstimator.__init__) = originals[:3]
             for k, v in originals[3].items():
                 setattr(AcceptanceEstimator, k, v)
-            GoodputPolicy.MIN_SURVIVAL = originals[4]
-            controller_mod.SpecController.PROBE_OPTIMISM = originals[5]
+            controller_mod.SpecController.PROBE_OPTIMISM = originals[4]
         row = describe(name, cells, base)
         rows.append(row)
         print(f"{name}: {row['mean']:.4f} mean ({row['mean_change']:+.4f}), lowest "

@@ -1006,7 +1006,7 @@ def best_rate_by_enumeration(survival, ceilings, base, pricer, fixed_k_step=None
             best = max(best, batch / (plan_seconds(pricer, batch, base, 0, 0) + plain_owed * batch))
             continue
         allowed = np.arange(width)[None, :] < np.minimum(ceilings, j)[:, None]
-        values = np.sort(survival[allowed & (survival >= GoodputPolicy.MIN_SURVIVAL)])[::-1]
+        values = np.sort(survival[allowed & (survival > 0.0)])[::-1]
         gains = np.concatenate([[0.0], np.cumsum(values)]).tolist()
         for n, gain in enumerate(gains):
             if n == 0 and fixed_k_step is None:

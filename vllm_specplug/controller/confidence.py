@@ -174,7 +174,8 @@ class DraftStopper:
             self.survival = self.survival * moved(self.cond[:, j], self.rule.lift[bins])
         else:
             self.survival = np.zeros_like(self.survival)
-        keep = self.active & (self.survival >= max(self.rule.slot_cut, 1e-3)) & (j < self.caps)
+        keep = (self.active & (self.survival > 0.0) & (self.survival >= self.rule.slot_cut)
+                & (j < self.caps))
         self.kept[keep] = j + 1
         self.active = keep & (j + 1 < self.caps)
         if not self.active.any() or j + 1 >= width:

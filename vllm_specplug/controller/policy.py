@@ -29,7 +29,7 @@ from vllm_specplug.controller.profile import ProfileCorrection, StepProfile
 
 
 @numba.njit(cache=True)
-def _candidates(survival, ceilings, min_survival):
+def _candidates(survival, ceilings):
     """The slots a plan may admit, most likely first (equal ones in row-major
     order): their survivals, requests and positions, and the deepest position.
 
@@ -46,7 +46,7 @@ def _candidates(survival, ceilings, min_survival):
     for r in range(batch):
         for p in range(min(width, max(ceilings[r], 0))):
             v = survival[r, p]
-            if v >= min_survival:
+            if v > 0.0:
                 if n == 0 or v > vals[n - 1]:
                     starts[runs] = n
                     runs += 1
@@ -167,7 +167,7 @@ def _best_plan(vals, rows, at, by_n, ratio, batch, j_first, j_last, draft_pass, 
 
 
 @numba.njit(cache=True)
-def _with_rows_replaced(vals, rows, at, due, hope, ceilings, min_survival):
+def _with_rows_replaced(vals, rows, at, due, hope, ceilings):
     """``_candidates`` of the survival with the ``due`` requests' rows replaced by
     ``hope`` (strictly decreasing along positions), from the candidates of the
     survival before (``vals``, ``rows``, ``at``): their slots are dropped and
@@ -190,7 +190,7 @@ def _with_rows_replaced(vals, rows, at, due, hope, ceilings, min_survival):
     new_at = np.empty(n_new, dtype=np.int64)
     n = 0
     for p in range(width):
-        if hope[p] < min_survival:
+        if hope[p] <= 0.0:
             break
         for r in range(due.size):
             if due[r] and p < ceilings[r]:
@@ -323,7 +323,6 @@ class GoodputPolicy:
     """
 
     name = "goodput"
-    MIN_SURVIVAL = 1e-3
 
     def __init__(self, min_gain: float = 0.02) -> None:
         # Speculation must promise at least this relative gain over plain
@@ -437,9 +436,8 @@ class GoodputPolicy:
             self._last_candidates = None
             return self._plain(pr.batch, pr.plain, pr.prefill_s, pr.fixed_k_step or 0)
         # The candidate slots, most likely first, with their requests and
-        # positions.  Slots below MIN_SURVIVAL can never pay for a token of
-        # verification.
-        candidates = _candidates(survival, ceilings, self.MIN_SURVIVAL)
+        # positions (a slot that is never accepted is no candidate).
+        candidates = _candidates(survival, ceilings)
         self._last_candidates = (survival, ceilings, candidates)
         return self._best(candidates, pr)
 
@@ -454,8 +452,7 @@ class GoodputPolicy:
             hopeful[due] = hope
             return self.decide_priced(hopeful, ceilings, pr)
         vals, rows, at, _ = last[2]
-        return self._best(_with_rows_replaced(vals, rows, at, due, hope, ceilings,
-                                              self.MIN_SURVIVAL), pr)
+        return self._best(_with_rows_replaced(vals, rows, at, due, hope, ceilings), pr)
 
     def _best(self, candidates: tuple, pr: _Prices) -> Decision:
         """The argmax over ``candidates`` (``_candidates``) at the prices ``pr``."""
