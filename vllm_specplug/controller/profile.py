@@ -267,21 +267,25 @@ class StepProfile:
 
 
 @numba.njit(cache=True)
+def band(n, bands):
+    """The power-of-two band of a count: band b holds [2^b, 2^(b+1)), band 0
+    also 0 and 1, the last band (``bands - 1``) everything past it."""
+    b, x = 0, int(max(n, 1.0))
+    while x >= 2 and b < bands - 1:
+        x >>= 1
+        b += 1
+    return b
+
+
+@numba.njit(cache=True)
 def _band_ratios(logs, level, low, high, start, count):
-    """``ProfileCorrection.ratio`` at ``start``, ``start + 1``, ... tokens: token band b
-    holds [2^b, 2^(b+1)) (band 0 also 0 and 1, the last band everything past it)."""
+    """``ProfileCorrection.ratio`` at ``start``, ``start + 1``, ... tokens (token
+    bands by ``band``)."""
     out = np.empty(count)
     end, t, i = start + count, start, 0
     while t < end:
-        b, x = 0, t
-        while x >= 2:
-            x >>= 1
-            b += 1
-        stop = end
-        if b < logs.size - 1:
-            stop = min(end, 1 << (b + 1))
-        else:
-            b = logs.size - 1
+        b = band(t, logs.size)
+        stop = end if b == logs.size - 1 else min(end, 1 << (b + 1))
         v = math.exp(min(max(level + logs[b], low), high))
         while t < stop:
             out[i] = v
@@ -324,12 +328,8 @@ class ProfileCorrection:
         self._log = np.zeros((self.BATCH_BANDS, self.BANDS))  # residuals
         self.observations = 0
 
-    @staticmethod
-    def _band(n: float, bands: int) -> int:
-        return min(max(int(math.log2(max(n, 1.0))), 0), bands - 1)
-
     def _at(self, tokens: float, batch: int) -> tuple[int, int]:
-        return self._band(batch, self.BATCH_BANDS), self._band(tokens, self.BANDS)
+        return band(float(batch), self.BATCH_BANDS), band(float(tokens), self.BANDS)
 
     def ratio(self, tokens: float, batch: int) -> float:
         return math.exp(min(max(self._level + self._log[self._at(tokens, batch)], self.low),
@@ -338,7 +338,7 @@ class ProfileCorrection:
     def ratios_from(self, start: int, count: int, batch: int) -> np.ndarray:
         """Ratios for steps of ``batch`` requests and ``start``, ``start + 1``,
         ... ``start + count - 1`` tokens."""
-        return _band_ratios(self._log[self._band(batch, self.BATCH_BANDS)], self._level,
+        return _band_ratios(self._log[band(float(batch), self.BATCH_BANDS)], self._level,
                             self.low, self.high, int(start), int(count))
 
     def observe(self, tokens: float, batch: int, profiled: float, measured: float) -> bool:
