@@ -32,6 +32,14 @@ from vllm_specplug.controller.profile import (UNKNOWN_DRAFT_RATIO, ProfileCorrec
 
 
 @numba.njit(cache=True)
+def _probe_failed(r, probe_k, max_interval, backoff, probe_at, probe_size, probe_ok):
+    """Request row ``r``'s probe failed (a rejection, or no verdict in time): the
+    back-off doubles (up to ``max_interval``), the next probe is ``probe_k`` deep."""
+    probe_at[r], probe_ok[r], probe_size[r] = -1, 0, probe_k
+    backoff[r] = min(backoff[r] * 2, max_interval)
+
+
+@numba.njit(cache=True)
 def _probe_due(rows, k, ceilings, now, timeout, interval, probe_k, max_interval,
                in_fallback, backoff, waited, probe_at, probe_size, probe_ok, due):
     """A plan's probe bookkeeping (``SpecController._probe``), request by request.
@@ -40,8 +48,8 @@ def _probe_due(rows, k, ceilings, now, timeout, interval, probe_k, max_interval,
     one granted none while its ceiling allows drafts is in fallback: a probe
     of it pending for ``timeout`` plans fails, and one not probing waits a
     plan more and is due after its back-off (at once after an accepted
-    probe).  Fills ``due`` with the batch indices of the due requests;
-    returns how many, and how many requests came back after an accepted probe.
+    probe).  Marks the due requests in ``due`` (by batch index); returns how
+    many, and how many requests came back after an accepted probe.
     """
     recoveries = 0
     fallback = False
@@ -60,14 +68,13 @@ def _probe_due(rows, k, ceilings, now, timeout, interval, probe_k, max_interval,
     for i in range(rows.size):
         r = rows[i]
         probing = probe_at[r] >= 0
-        if probing and now - probe_at[r] >= timeout:  # failed: no verdict came
-            probe_at[r], probe_ok[r], probe_size[r] = -1, 0, probe_k
-            backoff[r] = min(backoff[r] * 2, max_interval)
+        if probing and now - probe_at[r] >= timeout:  # no verdict came
+            _probe_failed(r, probe_k, max_interval, backoff, probe_at, probe_size, probe_ok)
             probing = False
         if in_fallback[r] != 0 and not probing:
             waited[r] += 1
             if waited[r] >= backoff[r] or probe_ok[r] != 0:
-                due[n] = i
+                due[i] = True
                 n += 1
     return n, recoveries
 
@@ -109,9 +116,7 @@ def _probe_verdicts(rows, drafted, accepted, probe_k, max_interval, ceiling,
             probe_ok[r] = 1
             probe_size[r] = min(probe_size[r] * 2, max(ceiling[r], 1))
         else:
-            probe_ok[r] = 0
-            backoff[r] = min(backoff[r] * 2, max_interval)
-            probe_size[r] = probe_k
+            _probe_failed(r, probe_k, max_interval, backoff, probe_at, probe_size, probe_ok)
     return succeeded
 
 
@@ -462,7 +467,7 @@ class SpecController:
         send: ``decision``, or the plan with the probes, priced.
         """
         s = self.settings
-        due = np.empty(rows.size, dtype=np.int64)
+        due = np.zeros(rows.size, dtype=np.bool_)
         n_due, recoveries = _probe_due(
             rows, decision.k, ceilings, self.stats.steps, self.PROBE_TIMEOUT, s.probe_interval,
             s.probe_k, s.probe_max_interval, self._in_fallback, self._backoff, self._waited,
@@ -470,11 +475,9 @@ class SpecController:
         self.stats.recoveries += recoveries
         if not n_due:
             return decision
-        due_idx = due[:n_due]
+        due_idx = np.flatnonzero(due)
         k = decision.k.copy()
         now = self.stats.steps
-        due = np.zeros(rows.size, dtype=np.bool_)
-        due[due_idx] = True
         plan = self.goodput.decide_hoping(survival, ceilings, due, self._hope, prices)
         depth = int(plan.k[due_idx].max(initial=0))
         pinned = prices.fixed_k_step is not None
