@@ -59,156 +59,49 @@ import time
 
 import numpy as np
 
+from vllm_specplug.tools.testing import FakeEngine, make_request
+
 K = 8  # num_speculative_tokens: vLLM's K and the plugin's ceiling
 PROMPT_LEN = 20
 BLOCK = 32
-TOKEN = 7  # every synthetic sample; the tiny vocabulary has it
 
 
 def build_scheduler(model, batch, max_tokens, plugin, async_scheduling):
-    """vLLM's scheduler (``plugin=False``) or the plugin's, on one config."""
-    import torch
-    from vllm.engine.arg_utils import EngineArgs
-    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
-    from vllm.v1.core.sched.scheduler import Scheduler
-    from vllm.v1.kv_cache_interface import (
-        FullAttentionSpec,
-        KVCacheConfig,
-        KVCacheGroupSpec,
-    )
-    from vllm.v1.structured_output import StructuredOutputManager
-
-    from vllm_specplug import AdaptiveSpecScheduler
+    """vLLM's scheduler (``plugin=False``) or the plugin's, on one config; the
+    plugin's controller prices with a fixed profile, returned with it."""
     from vllm_specplug.controller import SpecController, prior_profile
+    from vllm_specplug.tools.testing import build_scheduler as build
 
     max_len = -(-(PROMPT_LEN + max_tokens + 2 * (K + 1)) // BLOCK) * BLOCK
     max_batched = max(8192, batch * (PROMPT_LEN + K + 1))  # prefill in one step
-    args = EngineArgs(
-        model=model,
-        speculative_config={"method": "draft_model", "model": model,
-                            "num_speculative_tokens": K},
-        max_model_len=max_len,
-        max_num_seqs=batch,
-        max_num_batched_tokens=max_batched,
-        block_size=BLOCK,
-        enforce_eager=True,
-        dtype="float32",
-        # Block hashing needs the engine's hasher; not what is measured here.
-        enable_prefix_caching=False,
-        additional_config={"specplug": {}},
-    )
-    vllm_config = args.create_engine_config()
-    vllm_config.scheduler_config.async_scheduling = async_scheduling
-    num_blocks = batch * (max_len // BLOCK + 1) + 1
-    vllm_config.cache_config.num_gpu_blocks = num_blocks
-    kv_cache_config = KVCacheConfig(
-        num_blocks=num_blocks,
-        kv_cache_tensors=[],
-        kv_cache_groups=[KVCacheGroupSpec(
-            ["layer.0"], FullAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=16,
-                                           dtype=torch.float32))],
-    )
-    cls = (AdaptiveSpecScheduler if plugin else
-           AsyncScheduler if async_scheduling else Scheduler)
-    sched = cls(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
-                structured_output_manager=StructuredOutputManager(vllm_config),
-                block_size=BLOCK)
-    if plugin:
-        sp = sched.specplug
-        assert sp.enabled, sp.reason
-        # A fixed profile: what an H200-class GPU prior says, no start-up measurement.
-        sp.profile = prior_profile("cuda", 0.05, max_batched, batch, draft_runs_at_k0=True)
-        sp.controller = SpecController(sp.controller.settings, sp.profile)
-    return sched
+    sched = build(model, K, plugin=plugin, async_scheduling=async_scheduling,
+                  max_model_len=max_len, max_num_seqs=batch, max_num_batched_tokens=max_batched,
+                  num_blocks=batch * (max_len // BLOCK + 1) + 1, block_size=BLOCK)
+    if not plugin:
+        return sched, None
+    sp = sched.specplug
+    assert sp.enabled, sp.reason
+    # A fixed profile: what an H200-class GPU prior says, no start-up measurement.
+    sp.profile = prior_profile("cuda", 0.05, max_batched, batch, draft_runs_at_k0=True)
+    sp.controller = SpecController(sp.controller.settings, sp.profile)
+    return sched, sp.profile
 
 
-def make_request(req_id, max_tokens):
-    from vllm import SamplingParams
-    from vllm.v1.request import Request
+class Arm(FakeEngine):
+    """One scheduler on the synthetic traffic, its step times recorded."""
 
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-    return Request(req_id, [TOKEN + (i % 5) for i in range(PROMPT_LEN)], params, None)
-
-
-class Arm:
-    """One scheduler driven the way EngineCore drives it, with a fake model."""
-
-    def __init__(self, name, sched, would_accept):
-        from vllm.v1.core.sched.async_scheduler import AsyncScheduler
-
-        self.name, self.sched = name, sched
-        self.would_accept = would_accept  # rid -> accepted-prefix length per verification
-        self.verified = dict.fromkeys(would_accept, 0)
-        self.is_async = isinstance(sched, AsyncScheduler)
-        sp = getattr(sched, "specplug", None)
-        self.sp = sp if sp is not None and sp.enabled else None
-        self.now = 0.0
-        if self.sp is not None:
-            # The step time the plugin measures: the profile's price of the step.
-            self.sp.clock = lambda: self.now
-        self.pending = None
+    def __init__(self, name, sched, profile, accepts):
+        super().__init__(sched, accepts, profile)
+        self.name = name
         self.sched_us, self.update_us, self.drafts_us = [], [], []
         self.k, self.tokens = [], []
 
-    def model_output(self, so):
-        from vllm.v1.outputs import ModelRunnerOutput
-
-        req_ids = list(so.num_scheduled_tokens)
-        sampled = []
-        for rid in req_ids:
-            if self.sched.requests[rid].is_prefill_chunk:
-                sampled.append([])
-                continue
-            spec = so.scheduled_spec_decode_tokens.get(rid, [])
-            a = 0
-            if spec:
-                n = self.verified[rid]
-                self.verified[rid] = n + 1
-                a = min(int(self.would_accept[rid][n]), len(spec))
-            sampled.append([TOKEN] * (a + 1))
-        return ModelRunnerOutput(req_ids=req_ids,
-                                 req_id_to_index={r: i for i, r in enumerate(req_ids)},
-                                 sampled_token_ids=sampled)
-
-    def update(self, so, out):
-        """``update_from_output``, timed; the synthetic step time passes first."""
-        if self.sp is not None:
-            self.now += self.sp.controller.profile.step(
-                so.total_num_scheduled_tokens, len(so.num_scheduled_tokens),
-                so.num_spec_tokens_to_schedule)
-        t0 = time.perf_counter()
-        self.sched.update_from_output(so, out)
-        return time.perf_counter() - t0
-
     def step(self, record=True):
-        from vllm.v1.outputs import DraftTokenIds
-
-        sched = self.sched
-        t0 = time.perf_counter()
-        so = sched.schedule()
-        t_sched = time.perf_counter() - t0
-        t_update = t_drafts = 0.0
-        if self.is_async:
-            # The worker runs step t+1 while the engine processes step t's output.
-            out = self.model_output(so) if so.total_num_scheduled_tokens else None
-            if self.pending is not None:
-                t_update = self.update(*self.pending)
-            self.pending = (so, out) if out is not None else None
-        else:
-            if so.total_num_scheduled_tokens:
-                t_update = self.update(so, self.model_output(so))
-            k = so.num_spec_tokens_to_schedule
-            if k:
-                decoding = [r for r in so.num_scheduled_tokens
-                            if r in sched.requests and not sched.requests[r].is_finished()]
-                drafts = DraftTokenIds(decoding, [[TOKEN] * k for _ in decoding])
-                t0 = time.perf_counter()
-                sched.update_draft_token_ids(drafts)
-                t_drafts = time.perf_counter() - t0
+        so = super().step()
         if record:
-            self.sched_us.append(t_sched * 1e6)
-            self.update_us.append(t_update * 1e6)
-            self.drafts_us.append(t_drafts * 1e6)
+            self.sched_us.append(self.seconds["schedule"] * 1e6)
+            self.update_us.append(self.seconds["update"] * 1e6)
+            self.drafts_us.append(self.seconds["drafts"] * 1e6)
             self.tokens.append(so.total_num_scheduled_tokens)
             if self.sp is not None:
                 planned = self.sp.planned
@@ -234,10 +127,12 @@ def run_batch(model, batch, steps, warmup, async_scheduling, seed):
              for i, rid in enumerate(ids)}
     arms = []
     for name, plugin in (("vllm", False), ("plugin", True)):
-        sched = build_scheduler(model, batch, max_tokens, plugin, async_scheduling)
+        sched, profile = build_scheduler(model, batch, max_tokens, plugin, async_scheduling)
         for rid in ids:
-            sched.add_request(make_request(rid, max_tokens))
-        arms.append(Arm(name, sched, would))
+            sched.add_request(make_request(rid, max_tokens, prompt_len=PROMPT_LEN))
+        # The n-th verification of a request accepts (at most) its n-th draw.
+        accepts = {rid: (lambda offered, it=iter(would[rid]): next(it)) for rid in ids}
+        arms.append(Arm(name, sched, profile, accepts))
     for i in range(warmup + steps):
         for arm in arms:
             arm.step(record=i >= warmup)

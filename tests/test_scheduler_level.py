@@ -21,12 +21,12 @@ import math
 import pytest
 
 from conftest import CEILING
-
-TOKEN = 7  # every synthetic sample; the tiny vocabulary has it
+from vllm_specplug.tools.testing import SAMPLED_TOKEN as TOKEN
+from vllm_specplug.tools.testing import FakeEngine, make_request
 
 
 def clock_profile():
-    """The synthetic clock's step costs (``SyntheticRun.update``), in its units.
+    """The synthetic clock's step costs (``FakeEngine.advance``), in its units.
 
     A plain step costs 10 + 1 a token, the draft's first pass 0.5 + 0.1 a
     token, each further draft position 0.5 + 0.1 a request, a catch-up 0.5 +
@@ -48,126 +48,43 @@ def clock_profile():
 
 def build_scheduler(model, async_scheduling, specplug=None, method="draft_model",
                     data_parallel_size=1, num_blocks=256):
-    from vllm.engine.arg_utils import EngineArgs
-    from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig,
-                                            KVCacheGroupSpec)
-    from vllm.v1.structured_output import StructuredOutputManager
-
-    from vllm_specplug import AdaptiveSpecScheduler
-
-    spec = {"method": method, "num_speculative_tokens": CEILING}
-    if method == "draft_model":
-        spec["model"] = model
-    if method == "ngram":
-        spec.update(prompt_lookup_max=3, prompt_lookup_min=1)
-    args = EngineArgs(
-        model=model,
-        speculative_config=spec,
-        max_model_len=256,
-        max_num_seqs=16,
-        block_size=32,
-        enforce_eager=True,
-        dtype="float32",
-        # Block hashing needs the engine's hasher; prefix caching is not
-        # what these tests are about.
-        enable_prefix_caching=False,
-        additional_config={"specplug": specplug or {}},
-    )
-    vllm_config = args.create_engine_config()
-    # CPU turns async scheduling off; the scheduler itself runs anywhere.
-    vllm_config.scheduler_config.async_scheduling = async_scheduling
-    vllm_config.cache_config.num_gpu_blocks = num_blocks
-    # What an engine core of a lockstep (MoE) DP group sees; dense DP ranks
-    # are told 1 by vLLM (test_scaling_server.py).
-    vllm_config.parallel_config.data_parallel_size = data_parallel_size
-    import torch
-
-    kv_cache_config = KVCacheConfig(
-        num_blocks=num_blocks,
-        kv_cache_tensors=[],
-        kv_cache_groups=[KVCacheGroupSpec(
-            ["layer.0"], FullAttentionSpec(block_size=32, num_kv_heads=1, head_size=16,
-                                           dtype=torch.float32))],
-    )
-    sched = AdaptiveSpecScheduler(
-        vllm_config=vllm_config,
-        kv_cache_config=kv_cache_config,
-        structured_output_manager=StructuredOutputManager(vllm_config),
-        block_size=32,
-    )
+    """The plugin's scheduler, its controller pricing with ``clock_profile``."""
     from vllm_specplug.controller import SpecController
+    from vllm_specplug.tools.testing import build_scheduler as build
 
+    sched = build(model, CEILING, method=method, async_scheduling=async_scheduling,
+                  specplug=specplug, data_parallel_size=data_parallel_size,
+                  num_blocks=num_blocks)
     sp = sched.specplug
     if sp.enabled:
         sp.controller = SpecController(sp.controller.settings, clock_profile())
     return sched
 
 
-def make_request(req_id, max_tokens, ceiling=None, prompt_len=20):
-    from vllm import SamplingParams
-    from vllm.v1.request import Request
+class SyntheticRun(FakeEngine):
+    """``FakeEngine`` on the plugin's scheduler, checking every step.
 
-    extra = None if ceiling is None else {"specplug_max_k": ceiling}
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
-                            extra_args=extra)
-    return Request(req_id, [TOKEN + (i % 5) for i in range(prompt_len)], params, None)
-
-
-class SyntheticRun:
-    """Drives a scheduler the way EngineCore does, with a fake model."""
+    A synthetic clock: each step takes clock_profile()'s price of what it
+    ran.  The controller is given that profile (build_scheduler): with the
+    target as its own draft (what the config says) a real profile would
+    price draft passes like target passes, which this clock does not charge.
+    """
 
     def __init__(self, sched, accepts):
-        self.sched = sched
-        self.accepts = accepts  # req_id -> fn(num_drafts) -> accepted
-        from vllm.v1.core.sched.async_scheduler import AsyncScheduler
-
-        self.is_async = isinstance(sched, AsyncScheduler)
-        self.pending = None
-        self.steps = 0
+        super().__init__(sched, accepts, clock_profile())
         self.drafts_seen: dict[str, list[int]] = {}
         self.produced: dict[str, int] = {}  # tokens each request yielded
         self.preempted = 0
         self.planned_seen: dict[str, list[int]] = {}
-        # A synthetic clock: each step takes clock_profile()'s price of what
-        # it ran.  The controller is given that profile (build_scheduler):
-        # with the target as its own draft (what the config says) a real
-        # profile would price draft passes like target passes, which this
-        # clock does not charge.
-        self.profile = clock_profile()
-        self.now = 0.0
-        if sched.specplug.enabled:
-            sched.specplug.clock = lambda: self.now
-
-    def model_output(self, so):
-        from vllm.v1.outputs import ModelRunnerOutput
-
-        req_ids = list(so.num_scheduled_tokens)
-        sampled = []
-        for rid in req_ids:
-            req = self.sched.requests[rid]
-            if req.is_prefill_chunk:
-                sampled.append([])
-                continue
-            spec = so.scheduled_spec_decode_tokens.get(rid, [])
-            a = self.accepts[rid](len(spec)) if spec else 0
-            sampled.append([TOKEN] * (min(a, len(spec)) + 1))
-        return ModelRunnerOutput(req_ids=req_ids,
-                                 req_id_to_index={r: i for i, r in enumerate(req_ids)},
-                                 sampled_token_ids=sampled)
 
     def update(self, so, out):
-        # The step's time passes between its scheduling and its output.
-        batch, k_step = len(so.num_scheduled_tokens), so.num_spec_tokens_to_schedule
-        # With zero-cost fallback a step that drafts after skipped ones
-        # first catches the draft up (the adapter keeps how far, per step).
-        sp = self.sched.specplug
-        catchup = sp.catchup.get(id(so), 0) if k_step and sp.enabled else 0
-        self.now += self.profile.step(so.total_num_scheduled_tokens, batch, k_step, catchup)
         self.preempted += len(getattr(so, "preempted_req_ids", None) or ())
-        for eco in self.sched.update_from_output(so, out).values():
+        outputs = super().update(so, out)
+        for eco in outputs.values():
             for o in eco.outputs:
                 self.produced[o.request_id] = (self.produced.get(o.request_id, 0)
                                                + len(o.new_token_ids))
+        return outputs
 
     def check(self, so):
         sp = self.sched.specplug
@@ -195,28 +112,6 @@ class SyntheticRun:
         for rid in so.num_scheduled_tokens:
             if rid not in sp.planned and not self.sched.requests[rid].is_prefill_chunk:
                 self.planned_seen.setdefault(rid, []).append(k_step)
-
-    def step(self):
-        from vllm.v1.outputs import DraftTokenIds
-
-        so = self.sched.schedule()
-        self.check(so)
-        if self.is_async:
-            # The worker runs step t+1 while the engine processes step t.
-            out = self.model_output(so) if so.total_num_scheduled_tokens else None
-            if self.pending is not None:
-                self.update(*self.pending)
-            self.pending = (so, out) if out is not None else None
-        else:
-            if so.total_num_scheduled_tokens:
-                self.update(so, self.model_output(so))
-            decoding = [r for r in so.num_scheduled_tokens
-                        if r in self.sched.requests and not self.sched.requests[r].is_finished()]
-            k = so.num_spec_tokens_to_schedule
-            if k:
-                self.sched.update_draft_token_ids(
-                    DraftTokenIds(decoding, [[TOKEN] * k for _ in decoding]))
-        self.steps += 1
 
     def run(self, max_steps=400):
         while (self.sched.has_requests() or self.pending is not None) and self.steps < max_steps:

@@ -18,6 +18,9 @@ need easy and hard requests side by side:
 - ``copy_draft_half``: agrees with the target on the short cycles only, so
   its acceptance is ~1 on ``easy_prompt`` requests and ~0 on ``hard_prompt``.
 
+``build_scheduler``, ``make_request`` and ``FakeEngine`` run vLLM's
+scheduler (or the plugin's) with a synthetic model and no engine.
+
 Nothing is fetched.
 """
 
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 VOCAB_WORDS = 1000
@@ -275,3 +279,171 @@ def worker_draft_stats(worker) -> dict:
         "zero_cost_fallback": None if state is None else bool(state),
         "stats": asdict(stats) if stats is not None else None,
     }
+
+
+# -- a scheduler without an engine ------------------------------------------
+# vLLM's real scheduler (or the plugin's) driven the way EngineCore drives it,
+# with a synthetic model: for tests/test_scheduler_level.py and
+# benchmarks/adapter_cost.py.
+SAMPLED_TOKEN = 7  # every synthetic sample; the tiny vocabulary has it
+
+
+def build_scheduler(model: str, k: int, *, plugin: bool = True, method: str = "draft_model",
+                    async_scheduling: bool = False, specplug: dict | None = None,
+                    max_model_len: int = 256, max_num_seqs: int = 16,
+                    max_num_batched_tokens: int | None = None, num_blocks: int = 256,
+                    block_size: int = 32, data_parallel_size: int = 1):
+    """The plugin's ``AdaptiveSpecScheduler`` (``plugin=False``: vLLM's own
+    ``Scheduler`` or ``AsyncScheduler``) on ``model`` with speculative decoding
+    (``method``, ``k`` drafts; a ``draft_model`` drafts with ``model`` itself,
+    only its config is read) and a KV cache of ``num_blocks`` blocks."""
+    import torch
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    from vllm_specplug import AdaptiveSpecScheduler
+
+    spec = {"method": method, "num_speculative_tokens": k}
+    if method == "draft_model":
+        spec["model"] = model
+    if method == "ngram":
+        spec.update(prompt_lookup_max=3, prompt_lookup_min=1)
+    extra = {} if max_num_batched_tokens is None else {
+        "max_num_batched_tokens": max_num_batched_tokens}
+    args = EngineArgs(
+        model=model, speculative_config=spec, max_model_len=max_model_len,
+        max_num_seqs=max_num_seqs, block_size=block_size, enforce_eager=True,
+        dtype="float32",
+        # Block hashing needs the engine's hasher; prefix caching is not what
+        # these drivers are about.
+        enable_prefix_caching=False,
+        additional_config={"specplug": specplug or {}}, **extra)
+    vllm_config = args.create_engine_config()
+    # CPU turns async scheduling off; the scheduler itself runs anywhere.
+    vllm_config.scheduler_config.async_scheduling = async_scheduling
+    vllm_config.cache_config.num_gpu_blocks = num_blocks
+    # What an engine core of a lockstep (MoE) DP group sees; dense DP ranks
+    # are told 1 by vLLM.
+    vllm_config.parallel_config.data_parallel_size = data_parallel_size
+    kv_cache_config = KVCacheConfig(
+        num_blocks=num_blocks, kv_cache_tensors=[],
+        kv_cache_groups=[KVCacheGroupSpec(
+            ["layer.0"], FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=16,
+                                           dtype=torch.float32))])
+    cls = (AdaptiveSpecScheduler if plugin else
+           AsyncScheduler if async_scheduling else Scheduler)
+    return cls(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
+               structured_output_manager=StructuredOutputManager(vllm_config),
+               block_size=block_size)
+
+
+def make_request(req_id: str, max_tokens: int, ceiling: int | None = None,
+                 prompt_len: int = 20):
+    """A greedy request that ignores EOS; ``ceiling``: its ``specplug_max_k``."""
+    from vllm import SamplingParams
+    from vllm.v1.request import Request
+
+    extra = None if ceiling is None else {"specplug_max_k": ceiling}
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
+                            extra_args=extra)
+    return Request(req_id, [SAMPLED_TOKEN + (i % 5) for i in range(prompt_len)], params, None)
+
+
+class FakeEngine:
+    """Steps a scheduler in EngineCore's order with a synthetic model.
+
+    ``accepts``: request id -> fn(drafts offered) -> drafts accepted (clipped
+    to those offered).  Each step is answered with a ``ModelRunnerOutput`` of
+    that many accepted drafts plus one token; in sync mode the proposer then
+    drafts ``num_spec_tokens_to_schedule`` tokens for every decoding request
+    (``update_draft_token_ids``); in async mode step t+1 is scheduled before
+    the output of step t is processed.  ``profile``: the plugin's step clock
+    advances by its price of each step (catch-ups included), so the live
+    correction sees consistent timings.  ``seconds`` holds the last step's
+    ``schedule``, ``update`` (``update_from_output``) and ``drafts``
+    (``update_draft_token_ids``) times.
+    """
+
+    def __init__(self, sched, accepts, profile=None) -> None:
+        from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
+        self.sched, self.accepts, self.profile = sched, accepts, profile
+        self.is_async = isinstance(sched, AsyncScheduler)
+        sp = getattr(sched, "specplug", None)
+        self.sp = sp if sp is not None and sp.enabled else None
+        self.pending = None
+        self.steps = 0
+        self.now = 0.0
+        self.seconds = {"schedule": 0.0, "update": 0.0, "drafts": 0.0}
+        if self.sp is not None and profile is not None:
+            self.sp.clock = lambda: self.now
+
+    def model_output(self, so):
+        from vllm.v1.outputs import ModelRunnerOutput
+
+        req_ids = list(so.num_scheduled_tokens)
+        sampled = []
+        for rid in req_ids:
+            if self.sched.requests[rid].is_prefill_chunk:
+                sampled.append([])
+                continue
+            spec = so.scheduled_spec_decode_tokens.get(rid, [])
+            a = min(max(int(self.accepts[rid](len(spec))), 0), len(spec)) if spec else 0
+            sampled.append([SAMPLED_TOKEN] * (a + 1))
+        return ModelRunnerOutput(req_ids=req_ids,
+                                 req_id_to_index={r: i for i, r in enumerate(req_ids)},
+                                 sampled_token_ids=sampled)
+
+    def advance(self, so) -> None:
+        """The step's time passes between its scheduling and its output."""
+        if self.sp is None or self.profile is None:
+            return
+        k_step = so.num_spec_tokens_to_schedule
+        # With zero-cost fallback a step that drafts after skipped ones first
+        # catches the draft up (the adapter keeps how far, per step).
+        catchup = self.sp.catchup.get(id(so), 0) if k_step else 0
+        self.now += self.profile.step(so.total_num_scheduled_tokens,
+                                      len(so.num_scheduled_tokens), k_step, catchup)
+
+    def update(self, so, out):
+        """``update_from_output`` (timed); returns its outputs."""
+        self.advance(so)
+        t0 = time.perf_counter()
+        outputs = self.sched.update_from_output(so, out)
+        self.seconds["update"] += time.perf_counter() - t0
+        return outputs
+
+    def check(self, so) -> None:
+        """Called with every scheduled step, before it runs."""
+
+    def step(self):
+        """One engine step; returns its ``SchedulerOutput``."""
+        from vllm.v1.outputs import DraftTokenIds
+
+        sched = self.sched
+        self.seconds = dict.fromkeys(self.seconds, 0.0)
+        t0 = time.perf_counter()
+        so = sched.schedule()
+        self.seconds["schedule"] = time.perf_counter() - t0
+        self.check(so)
+        if self.is_async:
+            out = self.model_output(so) if so.total_num_scheduled_tokens else None
+            if self.pending is not None:
+                self.update(*self.pending)
+            self.pending = (so, out) if out is not None else None
+        else:
+            if so.total_num_scheduled_tokens:
+                self.update(so, self.model_output(so))
+            k = so.num_spec_tokens_to_schedule
+            if k:
+                decoding = [r for r in so.num_scheduled_tokens
+                            if r in sched.requests and not sched.requests[r].is_finished()]
+                t0 = time.perf_counter()
+                sched.update_draft_token_ids(
+                    DraftTokenIds(decoding, [[SAMPLED_TOKEN] * k for _ in decoding]))
+                self.seconds["drafts"] = time.perf_counter() - t0
+        self.steps += 1
+        return so
