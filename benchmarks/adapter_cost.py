@@ -26,7 +26,7 @@ step with a ``ModelRunnerOutput`` of that many accepted drafts plus one, and
 request, as vLLM's proposer drafts them.
 
 The plugin prices steps with a fixed profile, ``prior_profile("cuda",
-0.05, ...)`` (a draft 5% of the target, run at K_step = 0 as on a GPU),
+0.025, ...)`` (a draft pass 2.5% of a target step, run at K_step = 0 as on a GPU),
 installed in place of the one it built, so nothing is measured at start-up;
 its step clock is a synthetic one that advances by that profile's price of
 each step, so the live correction sees consistent timings.
@@ -82,7 +82,7 @@ def build_scheduler(model, batch, max_tokens, plugin, async_scheduling):
     sp = sched.specplug
     assert sp.enabled, sp.reason
     # A fixed profile: what an H200-class GPU prior says, no start-up measurement.
-    sp.profile = prior_profile("cuda", 0.05, max_batched, batch, draft_runs_at_k0=True)
+    sp.profile = prior_profile("cuda", 0.025, max_batched, batch, draft_runs_at_k0=True)
     sp.controller = SpecController(sp.controller.settings, sp.profile)
     return sched, sp.profile
 

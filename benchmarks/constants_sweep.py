@@ -15,25 +15,32 @@ per-cell change against the default (with the cells that moved by more
 than 0.01).  A cell's mean of six seeds is noisy by about 0.005 at c = 1
 and 0.013-0.03 at c = 64 (``tests/test_sim.py``).
 
-Constants are changed by patching the class attribute or the settings'
-default in this process (cells run serially here).
+Constants are changed by patching the class or module attribute or the
+settings' default in this process (cells run serially here); the
+``profile off`` variants price from parameter counts (``prior_profile``)
+instead of the measured profile.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import sys
 import time
+from unittest.mock import patch
 
 import numpy as np
 
 import vllm_specplug.controller.controller as controller_mod
+import vllm_specplug.controller.profile as profile_mod
+import vllm_specplug.profiling as profiling
 import vllm_specplug.tools.sim.engine as engine
+import vllm_specplug.tools.sim.profile as sim_profile
 from vllm_specplug.controller import ControllerSettings
 from vllm_specplug.controller.estimator import AcceptanceEstimator
-from vllm_specplug.controller.profile import ProfileCorrection
+from vllm_specplug.controller.profile import ProfileCorrection, prior_profile
 from vllm_specplug.tools.sim.engine import CellSpec
 from vllm_specplug.tools.sim.report import aggregate, run_sweep, summarize
 
@@ -55,39 +62,61 @@ def specs(policies) -> list[CellSpec]:
     return out
 
 
+# A variant is a function returning the patches (``unittest.mock.patch``
+# context managers) that set it; they are undone when its cells are run.
 def settings(**kw):
     """A variant of ``ControllerSettings``' defaults, as the simulator builds them."""
-    def patch():
-        engine.ControllerSettings = functools.partial(ControllerSettings, **kw)
-    return patch
+    return lambda: [patch.object(engine, "ControllerSettings",
+                                 functools.partial(ControllerSettings, **kw))]
 
 
 def attr(obj, name, value):
-    def patch():
-        setattr(obj, name, value)
-    return patch
+    return lambda: [patch.object(obj, name, value)]
 
 
 def correction(**kw):
-    def patch():
-        controller_mod.ProfileCorrection = functools.partial(ProfileCorrection, **kw)
-    return patch
+    return lambda: [patch.object(controller_mod, "ProfileCorrection",
+                                 functools.partial(ProfileCorrection, **kw))]
 
 
 def pool_anchor(trials: float):
-    def patch():
-        init = AcceptanceEstimator.__init__
+    init = AcceptanceEstimator.__init__
 
-        def patched(self, *a, **k):
-            init(self, *a, **k)
-            self._global_prior_trials = trials
-            self._profile = None
-            self._surv_profile = self.global_profile()
-        AcceptanceEstimator.__init__ = patched
-    return patch
+    def patched(self, *a, **k):
+        init(self, *a, **k)
+        self._global_prior_trials = trials
+        self._profile = None
+        self._surv_profile = self.global_profile()
+    return lambda: [patch.object(AcceptanceEstimator, "__init__", patched)]
 
 
-# name -> (the constant and value, patch).  Defaults in the comments.
+def prompt_tokens(n: int):
+    return lambda: [patch.object(profiling, "PROMPT_TOKENS", n),
+                    patch.object(sim_profile, "PROMPT_TOKENS", n)]
+
+
+def budget(seconds: float):
+    return lambda: [patch.object(engine, "measure_profile",
+                                 functools.partial(sim_profile.measure_profile, budget_s=seconds))]
+
+
+def profile_off(draft_ratio: float | None = None, **prior):
+    """``profile: off``: prices from parameter counts (``prior_profile``), the
+    draft's share ``draft_ratio`` (None: the setup's own); ``prior``: the
+    prior's constants.  The measurement still runs, untimed, so the engine's
+    shapes are warmed as in the other arms."""
+    measure = sim_profile.measure_profile
+
+    def from_counts(setup, rng, clock=None):
+        measure(setup, rng, clock)
+        ratio = setup.draft_size_ratio() if draft_ratio is None else draft_ratio
+        return prior_profile(setup.device.platform, ratio, setup.workload.max_batched_tokens,
+                             setup.max_concurrency, draft_runs_at_k0=setup.draft_at_k0)
+    return lambda: ([patch.object(engine, "measure_profile", from_counts)]
+                    + [patch.object(profile_mod, k, v) for k, v in prior.items()])
+
+
+# name -> the variant.  Defaults in the comments.
 VARIANTS = {
     "min_gain=0": settings(min_gain=0.0),                      # 0.02
     "min_gain=0.05": settings(min_gain=0.05),
@@ -117,6 +146,34 @@ VARIANTS = {
     "correction clip 0.8-1.25": correction(low=0.8, high=1.25),  # 0.5-2
     "correction forget=0": correction(forget=0.0),             # 0.002
     "correction forget=0.02": correction(forget=0.02),
+    "OWN_PREVIOUS_SHARE=0": attr(AcceptanceEstimator, "OWN_PREVIOUS_SHARE", 0.0),  # 0.5
+    "OWN_PREVIOUS_SHARE=0.25": attr(AcceptanceEstimator, "OWN_PREVIOUS_SHARE", 0.25),
+    "OWN_PREVIOUS_SHARE=0.75": attr(AcceptanceEstimator, "OWN_PREVIOUS_SHARE", 0.75),
+    "PULL_CHANGE=0": attr(AcceptanceEstimator, "PULL_CHANGE", 0.0),  # 0.1
+    "PULL_CHANGE=0.3": attr(AcceptanceEstimator, "PULL_CHANGE", 0.3),
+    "correction BANDS=1": attr(ProfileCorrection, "BANDS", 1),  # 24 token bands
+    "correction BATCH_BANDS=1": attr(ProfileCorrection, "BATCH_BANDS", 1),  # 12
+    # The start-up measurement (the simulator runs the plugin's run_rounds).
+    "ROUNDS=2": attr(profiling, "ROUNDS", 2),  # 4
+    "ROUNDS=8": attr(profiling, "ROUNDS", 8),
+    "MAX_ROUNDS=ROUNDS": attr(profiling, "MAX_ROUNDS", 4),  # 9
+    "ROUNDS_S=5": attr(profiling, "ROUNDS_S", 5.0),  # 1.5
+    "LEAD_ROUNDS=0": attr(profiling, "LEAD_ROUNDS", 0),  # 2
+    "SIZE_WARMUP_ROUNDS=0": attr(profiling, "SIZE_WARMUP_ROUNDS", 0),  # 1
+    "PROMPT_TOKENS=8": prompt_tokens(8),  # 32
+    "PROMPT_TOKENS=128": prompt_tokens(128),
+    "BUDGET_S=10": budget(10.0),  # 75
+    "BUDGET_S=300": budget(300.0),
+    # profile: off (prices from parameter counts); its constants.
+    "profile off": profile_off(),
+    "profile off, PRIOR_TOKEN_COST x0.5": profile_off(PRIOR_TOKEN_COST_CPU=0.125,
+                                                      PRIOR_TOKEN_COST_GPU=0.01),
+    "profile off, PRIOR_TOKEN_COST x2": profile_off(PRIOR_TOKEN_COST_CPU=0.5,
+                                                    PRIOR_TOKEN_COST_GPU=0.04),
+    "profile off, PRIOR_DRAFT_FACTOR=0.25": profile_off(PRIOR_DRAFT_FACTOR=0.25),  # 0.5
+    "profile off, PRIOR_DRAFT_FACTOR=1": profile_off(PRIOR_DRAFT_FACTOR=1.0),
+    "profile off, draft size unknown (UNKNOWN_DRAFT_RATIO)":
+        profile_off(draft_ratio=profile_mod.UNKNOWN_DRAFT_RATIO),
 }
 
 
@@ -154,22 +211,12 @@ def main() -> None:
     print(f"default: {rows[0]['mean']:.4f} mean, lowest {rows[0]['lowest']:.3f} "
           f"({rows[0]['lowest_cell']}), {rows[0]['under_0.97']} under 0.97 "
           f"[{time.time() - t0:.0f} s]", flush=True)
-    originals = (engine.ControllerSettings, controller_mod.ProfileCorrection,
-                 AcceptanceEstimator.__init__,
-                 {k: getattr(AcceptanceEstimator, k) for k in
-                  ("PROFILE_TOLERANCE", "POOL_EVERY", "POOL_MIN_ROWS")},
-                 controller_mod.SpecController.PROBE_OPTIMISM)
     for name in names:
-        VARIANTS[name]()
-        try:
+        with contextlib.ExitStack() as stack:
+            for p in VARIANTS[name]():
+                stack.enter_context(p)
             cells = ratios(summarize(aggregate(fixed + run_sweep(specs(("goodput",)),
                                                                  progress=False))))
-        finally:
-            (engine.ControllerSettings, controller_mod.ProfileCorrection,
-             AcceptanceEstimator.__init__) = originals[:3]
-            for k, v in originals[3].items():
-                setattr(AcceptanceEstimator, k, v)
-            controller_mod.SpecController.PROBE_OPTIMISM = originals[4]
         row = describe(name, cells, base)
         rows.append(row)
         print(f"{name}: {row['mean']:.4f} mean ({row['mean_change']:+.4f}), lowest "

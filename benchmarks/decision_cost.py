@@ -9,7 +9,7 @@ one step's learning (``observe_verifications`` for the batch +
 ``observe_step``).
 
 The profile is ``prior_profile`` for ``--platform`` (``cuda`` by default, a
-draft 5% of the target).  Acceptance rates are drawn once, uniformly in
+draft 2.5% of the target: a draft pass at 2.5% of a target step).  Acceptance rates are drawn once, uniformly in
 [0.1, 0.95]; a step takes the profile's price with 10% lognormal noise.  At
 batch 64 the requests with good drafts get slots and the others fall back
 and are probed, so a decision usually runs the argmax twice (the plan, and
@@ -31,7 +31,7 @@ class Bench:
     """One controller driven with the same synthetic traffic every run."""
 
     def __init__(self, batch: int, k: int, platform: str) -> None:
-        profile = prior_profile(platform, 0.05, batch * (k + 1), batch)
+        profile = prior_profile(platform, 0.025, batch * (k + 1), batch)
         self.ctrl = SpecController(ControllerSettings(max_k=k), profile)
         self.ids = [f"req-{i}" for i in range(batch)]
         self.rng = np.random.default_rng(0)

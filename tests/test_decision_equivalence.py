@@ -233,9 +233,9 @@ def test_controller_traffic_matches_reference(seed):
 def test_benchmark_traffic_matches_reference(batch):
     """The traffic of benchmarks/decision_cost.py (probes pending at 64)."""
     a = ref.SpecController(ref.ControllerSettings(max_k=8),
-                           ref.prior_profile("cuda", 0.05, batch * 9, batch))
+                           ref.prior_profile("cuda", 0.025, batch * 9, batch))
     b = new.SpecController(new.ControllerSettings(max_k=8),
-                           new.prior_profile("cuda", 0.05, batch * 9, batch))
+                           new.prior_profile("cuda", 0.025, batch * 9, batch))
     ids = [f"req-{i}" for i in range(batch)]
     rng = np.random.default_rng(batch)
     alphas = rng.uniform(0.1, 0.95, size=batch)

@@ -97,6 +97,10 @@ logger = logging.getLogger("vllm.specplug")
 ROUNDS = 4
 MAX_ROUNDS = 9
 ROUNDS_S = 1.5
+# Untimed rounds at batch 1 before any is timed (the process's first steps),
+# and discarded rounds at each batch size (its shapes' first steps).
+LEAD_ROUNDS = 2
+SIZE_WARMUP_ROUNDS = 1
 # Timed repeats of one shape where a shape is timed on its own (validate).
 REPEATS = 3
 WARMUP = 1
@@ -397,7 +401,7 @@ def run_rounds(bench, k: int, max_batch: int, token_budget: int, zero_cost: bool
     # (allocator, kernels picked on first use): a few untimed steps of each
     # kind first.
     bench.add(1)
-    for _ in range(2):
+    for _ in range(LEAD_ROUNDS):
         _round(bench, k)
     target: dict[int, list[float]] = {}
     first: dict[int, list[float]] = {}
@@ -410,7 +414,8 @@ def run_rounds(bench, k: int, max_batch: int, token_budget: int, zero_cost: bool
     while b <= max_batch and b * (1 + k) <= token_budget:
         before = clock()
         bench.add(b - bench.size)
-        _round(bench, k)  # warm-up: this batch size's shapes run for the first time
+        for _ in range(SIZE_WARMUP_ROUNDS):  # this batch size's shapes run for the first time
+            _round(bench, k)
         rounds: list[dict[str, float]] = []
         while len(rounds) < ROUNDS or (len(rounds) < MAX_ROUNDS and clock() - before < ROUNDS_S):
             rounds.append(_round(bench, k))

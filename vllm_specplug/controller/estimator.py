@@ -65,7 +65,9 @@ def _count(counts, pooled, opened, rows, drafted, accepted, forgetting):
 
 @numba.njit(cache=True)
 def _conditional(counts, rows, prior_share, g, m):
-    """``AcceptanceEstimator.conditional`` of ``rows`` for the pooled profile ``g``."""
+    """``AcceptanceEstimator.conditional`` of ``rows`` for the pooled profile ``g``:
+    position p's prior weighs the pool by ``prior_share[p]`` and the row's own
+    estimate at p - 1 by the rest of ``m``."""
     n, width = rows.size, counts.shape[2]
     a, inv, cum_b = np.empty((n, width)), np.empty((n, width)), np.empty((n, width))
     smallest = 1.0
@@ -75,7 +77,7 @@ def _conditional(counts, rows, prior_share, g, m):
             inv[i, p] = 1.0 / (counts[rows[i], 1, p] + m)
             a[i, p] = (counts[rows[i], 0, p] + prior_share[p] * g[p]) * inv[i, p]
             if p > 0:
-                cum *= (0.5 * m) * inv[i, p]
+                cum *= (m - prior_share[p]) * inv[i, p]
             cum_b[i, p] = cum
         smallest = min(smallest, cum)
     if width == 1:
@@ -88,7 +90,7 @@ def _conditional(counts, rows, prior_share, g, m):
                 a[i, p] = total * cum_b[i, p]
         else:
             for p in range(1, width):
-                a[i, p] += (0.5 * m) * inv[i, p] * a[i, p - 1]
+                a[i, p] += (m - prior_share[p]) * inv[i, p] * a[i, p - 1]
     return a
 
 
@@ -149,9 +151,16 @@ class AcceptanceEstimator:
         # Global profile the cached survival rows were computed with.
         self._surv_profile = self.global_profile()
 
+    # The share of a deeper position's prior taken from the request's own
+    # estimate at the position before (the rest from the pool): without it a
+    # request that accepts all it is offered (censored at the end) would be
+    # held to the pool's depth (see conditional).
+    OWN_PREVIOUS_SHARE = 0.5
+
     def _set_prior_strength(self, strength: float) -> None:
         self.prior_strength = strength
-        self._prior_share = np.full(self.max_positions, 0.5 * strength)
+        self._prior_share = np.full(self.max_positions,
+                                    (1.0 - self.OWN_PREVIOUS_SHARE) * strength)
         self._prior_share[0] = strength
 
     # -- request lifecycle -------------------------------------------------
@@ -274,6 +283,9 @@ class AcceptanceEstimator:
     # The pull while fewer than POOL_MIN_ROWS requests can be compared (see
     # _update_prior_strength).
     POOL_FEW_STRENGTH = 4.0
+    # A change of the pull under this share of it is ignored (it would
+    # refresh every live row for a negligible change).
+    PULL_CHANGE = 0.1
 
     def _update_prior_strength(self) -> bool:
         """Set the prior strength from the live requests' spread; True when it changed.
@@ -326,7 +338,7 @@ class AcceptanceEstimator:
                 strength = cap
             else:
                 strength = min(max(v / tau2 - 1.0, strength), cap)
-        if abs(strength - self.prior_strength) <= 0.1 * self.prior_strength:
+        if abs(strength - self.prior_strength) <= self.PULL_CHANGE * self.prior_strength:
             return False
         self._set_prior_strength(strength)
         return True
@@ -356,13 +368,13 @@ class AcceptanceEstimator:
         """``alpha[r, p]`` for the given rows, shrunk toward a prior.
 
         The prior of position 1 is the global profile; the prior of position
-        p > 1 is the mean of the global profile and the request's own
-        estimate at p - 1.  Without that a request that always accepts
+        p > 1 weighs the global profile and the request's own estimate at
+        p - 1 (``OWN_PREVIOUS_SHARE``, half each).  Without that a request that always accepts
         everything it is offered (censored at the end) would never be
         trusted with a longer draft than the global profile allows.
         """
         # alpha_p = (s_p + m * prior_p) / (t_p + m) with
-        # prior_p = (g_p + alpha_{p-1}) / 2 is the linear recurrence
+        # prior_p = (1 - w) g_p + w alpha_{p-1} is the linear recurrence
         # alpha_p = a_p + b_p * alpha_{p-1}, solved in closed form:
         # alpha_p = B_p * sum_{j<=p} a_j / B_j with B_p = b_1 * ... * b_p.
         # All terms are positive, so there is no cancellation; only an

@@ -374,6 +374,16 @@ class ProfileCorrection:
 UNKNOWN_DRAFT_RATIO = 0.3
 
 
+# The prior profile's prices, in plain steps of one request: a token more in
+# a step on a CPU (compute-bound almost at once) and on a GPU (memory-bound
+# small steps); a draft pass as this share of the draft's parameter share;
+# a lookup proposer's host work per request.
+PRIOR_TOKEN_COST_CPU = 0.25
+PRIOR_TOKEN_COST_GPU = 0.02
+PRIOR_DRAFT_FACTOR = 1.0
+PRIOR_LOOKUP_PASS = 0.005
+
+
 def prior_profile(platform: str, draft_size_ratio: float | None, max_tokens: int,
                   max_batch: int, draft_runs_at_k0: bool = False) -> StepProfile:
     """A profile from parameter counts alone, for ``profile: off``.
@@ -387,15 +397,15 @@ def prior_profile(platform: str, draft_size_ratio: float | None, max_tokens: int
     the host and nearly free.  ``draft_runs_at_k0``: vLLM runs the draft's
     first pass at K_step = 0 too, so it belongs to the K_step = 0 step.
     """
-    per_token = 0.25 if platform == "cpu" else 0.02
+    per_token = PRIOR_TOKEN_COST_CPU if platform == "cpu" else PRIOR_TOKEN_COST_GPU
     tokens = np.unique(np.geomspace(1, max(max_tokens, 2), 8).round())
     batch = np.unique(np.geomspace(1, max(max_batch, 2), 6).round())
     target = 1.0 + per_token * (tokens - 1)
     if draft_size_ratio is None:
         first = np.zeros_like(tokens)
-        passes = 0.005 * batch
+        passes = PRIOR_LOOKUP_PASS * batch
     else:
-        ratio = 0.5 * min(max(draft_size_ratio, 0.02), 1.0)
+        ratio = PRIOR_DRAFT_FACTOR * min(max(draft_size_ratio, 0.02), 1.0)
         first = ratio * target
         passes = ratio * (1.0 + per_token * (batch - 1))
         if draft_runs_at_k0:
