@@ -137,3 +137,42 @@ def test_the_adapter_cost_benchmark_runs(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert "paired per-step sum" in out.stdout
     assert "    2  plugin |" in out.stdout
+
+
+def _benchmark(name):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_confidence_replay_scores_the_kept_traces():
+    """benchmarks/confidence_replay.py on the traces results/ keeps: the confidence's
+    lift predicts better than the position's rate alone (log loss)."""
+    replay = _benchmark("confidence_replay")
+    import glob
+
+    runs = replay.traces(sorted(glob.glob(str(replay.ROOT / "results" / "*" / "logs" /
+                                              "*-trace.jsonl"))))
+    assert runs, "no kept trace carries the draft's confidence"
+    base = replay.score(runs, *replay.VARIANTS["default"])
+    unused = replay.score(runs, *replay.VARIANTS["no lift (confidence unused)"])
+    assert base["drafts"] == unused["drafts"] > 0
+    assert base["log_loss"] < unused["log_loss"]
+
+
+def test_the_validate_check_judges_starts_by_each_rule():
+    """benchmarks/validate_check.py's table from raw samples (its engine starts need models)."""
+    check = _benchmark("validate_check")
+    starts = [{"plain": [0.30, 0.11, 0.10, 0.10, 0.12], "plain_price": 0.10,
+               "wide": [0.20, 0.21, 0.20, 0.40, 0.20], "wide_price": 0.20}]
+    rows = {(r["warmup"], r["repeats"], r["rule"]): r for r in check.analyse(starts)}
+    cold = rows[(0, 1, "median")]
+    assert cold["ratios"] == [3.0, 1.0] and not cold["kept_at"][0.4]
+    warm = rows[(1, 3, "robust median (1.5x fastest)")]
+    assert warm["ratios"] == [1.0, 1.025] and warm["kept_at"][0.1]
+    assert (2, 5, "median") not in rows  # more samples than a start has

@@ -137,16 +137,16 @@ def drafting_summary(records: list[dict]) -> dict:
             "accepted_per_pass": accepted / run if run else None}
 
 
-def calibration_table(records: list[dict]) -> list[dict]:
-    """Per confidence bin: the verified drafts' outcomes, and the chance the
-    calibration gave each before it was verified (replayed online from the
-    trace: the position's pooled acceptance moved by the bin's lift)."""
+def replay_calibration(records: list[dict], cal=None):
+    """The calibration replayed online over a trace's verified drafts: per draft
+    (the accepted ones and the first rejection), before its step is observed,
+    ``(position, confidence, bin, chance the calibration gave it, accepted)``.
+    ``cal``: a fresh ``ConfidenceCalibration`` (default: 16 positions)."""
     import numpy as np
 
     from vllm_specplug.controller.confidence import ConfidenceCalibration
 
-    cal = ConfidenceCalibration(16)
-    rows = [dict(n=0, accepted=0, conf=0.0, predicted=0.0) for _ in range(cal.edges.size + 1)]
+    cal = ConfidenceCalibration(16) if cal is None else cal
     for r in records:
         if r.get("event") != "verify" or not r.get("confidence"):
             continue
@@ -155,17 +155,27 @@ def calibration_table(records: list[dict]) -> list[dict]:
             a = r["requests"][rid][1]
             seen = np.asarray(conf[: min(a + 1, len(conf), cal.width)], dtype=np.float64)
             positions = np.arange(seen.size)
-            for p, c, b, chance in zip(positions, seen, cal.bins(seen),
-                                       cal.predict(positions, seen)):
-                row = rows[b]
-                row["n"] += 1
-                row["accepted"] += int(p < a)
-                row["conf"] += float(c)
-                row["predicted"] += float(chance)
+            yield from zip(positions.tolist(), seen.tolist(), cal.bins(seen).tolist(),
+                           cal.predict(positions, seen).tolist(), (positions < a).tolist())
             confs.append(conf)
             accs.append(a)
         cal.observe(confs, accs)
-    edges = [0.0, *cal.edges.tolist(), 1.0]
+
+
+def calibration_table(records: list[dict]) -> list[dict]:
+    """Per confidence bin: the verified drafts' outcomes, and the chance the
+    calibration gave each before it was verified (``replay_calibration``: the
+    position's pooled acceptance moved by the bin's lift)."""
+    from vllm_specplug.controller.confidence import EDGES
+
+    rows = [dict(n=0, accepted=0, conf=0.0, predicted=0.0) for _ in range(EDGES.size + 1)]
+    for _, c, b, chance, ok in replay_calibration(records):
+        row = rows[b]
+        row["n"] += 1
+        row["accepted"] += int(ok)
+        row["conf"] += c
+        row["predicted"] += chance
+    edges = [0.0, *EDGES.tolist(), 1.0]
     return [{"bin": f"{edges[i]:.3g}-{edges[i + 1]:.3g}", "n": row["n"],
              "confidence": row["conf"] / row["n"] if row["n"] else None,
              "observed": row["accepted"] / row["n"] if row["n"] else None,

@@ -43,9 +43,6 @@ EDGES = np.array([0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.98, 0.995])
 # Outcomes after which a bin's own acceptance weighs as much as its
 # position's: a bin with fewer moves the estimate less.
 LIFT_PSEUDO_COUNT = 8.0
-# Forgetting per verified step: the calibration follows the traffic over a
-# few thousand verifications.
-FORGETTING = 0.998
 _CLIP = 1e-3
 
 
@@ -60,7 +57,7 @@ def moved(chance, lift):
 
 
 class ConfidenceCalibration:
-    """Per confidence bin: forgotten counts of verified drafts, of accepted ones,
+    """Per confidence bin: counts of verified drafts, of accepted ones,
     and of the acceptance their positions would have had without the
     confidence (the position's pooled rate when each was verified).
 
@@ -101,8 +98,6 @@ class ConfidenceCalibration:
             return
         p, b, o = np.concatenate(pos), np.concatenate(bin_), np.concatenate(ok)
         expected = self.position_rates()[p]
-        self.by_position *= FORGETTING
-        self.by_bin *= FORGETTING
         np.add.at(self.by_position[0], p, o.astype(np.float64))
         np.add.at(self.by_position[1], p, 1.0)
         np.add.at(self.by_bin[0], b, o.astype(np.float64))
