@@ -80,6 +80,9 @@ def test_rounds_pool_into_one_longer_run_and_keep_each_rounds_ratio():
     assert "pools 2 rounds" in md and "| 1.25, 0.50 |" in md
     with pytest.raises(SystemExit, match="--rounds: 0"):
         served.parse_args(["--served", "--rounds", "0"])
+    assert served.parse_args(["--served"]).waves == 2
+    with pytest.raises(SystemExit, match="--waves: 0"):
+        served.parse_args(["--served", "--waves", "0"])
 
 
 def test_each_round_is_compared_with_the_pooled_best_arm_and_gives_an_interval():

@@ -72,7 +72,7 @@ class ServedSetup:
     workloads: tuple[str, ...]
     concurrency: tuple[int, ...]
     output_tokens: int
-    requests: int  # per run at concurrency 1; 2 * c at concurrency c > 1
+    requests: int  # per run at concurrency 1; waves * c at concurrency c > 1
     rate: float  # requests per second of the Poisson cell (0: none)
     rate_workload: str = "mixed"  # the one workload that gets the Poisson cell
     # The grid's arms; vllm-k6, vllm-k8 and adaptive-confidence only when asked for (--arms).
@@ -191,14 +191,15 @@ def _sources(setup: ServedSetup, workload: str, tokenizer, data_cache) -> tuple[
 
 
 def build_cells(setup, workloads, concurrency, with_rate, out: Path, tokenizer,
-                data_cache=None, requests: int | None = None) -> list[Cell]:
+                data_cache=None, requests: int | None = None, waves: int = 2) -> list[Cell]:
     """Each cell's own prompts (disjoint slices, so no cell reuses another's prefix cache).
-    ``requests``: a c=1 cell's requests (default the setup's)."""
+    ``requests``: a c=1 cell's requests (default the setup's); a cell at c > 1
+    sends ``waves * c``."""
     cells = []
     single = requests or setup.requests
     for w in workloads:
         prompts, is_chat = _sources(setup, w, tokenizer, data_cache)
-        loads = [("c", c, single if c == 1 else 2 * c) for c in concurrency]
+        loads = [("c", c, single if c == 1 else waves * c) for c in concurrency]
         if with_rate and setup.rate > 0 and w == setup.rate_workload:
             loads.append(("rate", 0, 2 * max(concurrency)))
         if w == workloads[0]:
@@ -499,6 +500,8 @@ def parse_args(argv):
                         "cells pool their rounds (default 1)")
     p.add_argument("--requests", type=int, default=None,
                    help="requests in a c=1 cell (default the setup's: 3 for the real models)")
+    p.add_argument("--waves", type=int, default=2,
+                   help="requests in a cell at concurrency c > 1, as a multiple of c (default 2)")
     p.add_argument("--trace", action="store_true",
                    help="the adaptive servers write their decision traces to logs/ "
                         "(vllm-specplug trace plot FILE draws one)")
@@ -520,6 +523,8 @@ def parse_args(argv):
         args.no_rate = True
     if args.rounds < 1:
         raise SystemExit(f"--rounds: {args.rounds}; allowed: an integer >= 1")
+    if args.waves < 1:
+        raise SystemExit(f"--waves: {args.waves}; allowed: an integer >= 1")
     if args.requests is not None and args.requests < 1:
         raise SystemExit(f"--requests: {args.requests}; allowed: an integer >= 1")
     chosen = args.arms.split(",") if args.arms else ["plain"]
@@ -562,7 +567,7 @@ def main(argv: list[str] | None = None) -> int:
         draft = resolve_model(setup.draft, args.tiny_root) if setup.draft else None
         tok = AutoTokenizer.from_pretrained(target)
         cells = build_cells(setup, workloads, conc, not args.no_rate, out, tok, args.data_cache,
-                            args.requests)
+                            args.requests, args.waves)
         chosen = args.arms.split(",") if args.arms else setup.arms
         plan.append((setup, target, draft, cells, [a for a in ARMS if a in chosen]))
     total = args.rounds * sum(_estimate(s, cells, a) for s, _, _, cells, a in plan)
