@@ -183,6 +183,12 @@ def test_server_commands_run_vllm_as_users_do():
     assert argv[argv.index("--scheduler-cls") + 1] == "vllm_specplug.AdaptiveSpecScheduler"
     assert json.loads(argv[argv.index("--additional-config") + 1])["specplug"] == {
         "policy": "static", "static_k": 2}
+    # ... and at K=0 on the speculative engine (vLLM's K stays the ceiling).
+    argv, env = served.server_command(setup, "plugin-k0", "/t", "/d", 8000, 4)
+    spec = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert spec["num_speculative_tokens"] == setup.ceiling and env == {}
+    assert json.loads(argv[argv.index("--additional-config") + 1])["specplug"] == {
+        "policy": "static", "static_k": 0}
     argv, _ = served.server_command(setup, "plain", "/t", "/d", 8000, 4)
     assert "--speculative-config" not in argv
     with pytest.raises(SystemExit, match="plain is required"):

@@ -15,6 +15,8 @@ concurrency and at one Poisson request rate.  Arms:
 - ``vllm-table``: vLLM's batch-size table (``num_speculative_tokens_per_batch_size``);
 - ``plugin-k2``: the plugin loaded, its scheduler and patches on, at vLLM's K=2
   (``policy: static``): what the plugin's own path costs, apart from its policy;
+- ``plugin-k0``: the same at K=0 on the speculative engine (no draft token
+  scheduled): the floor a fallback reaches on that engine (not in the default grid);
 - ``adaptive``: the plugin's adaptive policy with the shipped ceiling.
 - ``adaptive-confidence``: the same with the draft's confidence on
   (``draft_confidence: true``; not in the default grid).
@@ -243,15 +245,16 @@ def server_command(setup: ServedSetup, arm: str, target: str, draft: str | None,
     env = {}
     if arm != "plain":
         k = {"vllm-k2": 2, "vllm-k4": 4, "vllm-k6": 6, "vllm-k8": 8,
-             "plugin-k2": 2}.get(arm, setup.ceiling)
-        spec = {"method": setup.method, "num_speculative_tokens": k, **setup.spec_extra}
+             "plugin-k2": 2, "plugin-k0": 0}.get(arm, setup.ceiling)
+        spec = {"method": setup.method, "num_speculative_tokens": k or setup.ceiling,
+                **setup.spec_extra}
         if draft:
             spec["model"] = draft
         if arm == "vllm-table":
             spec["num_speculative_tokens_per_batch_size"] = [
                 [lo, hi, min(kk, setup.ceiling)] for lo, hi, kk in VLLM_TABLE]
         argv += ["--speculative-config", json.dumps(spec)]
-    if arm in ("adaptive", "adaptive-confidence", "plugin-k2"):
+    if arm in ("adaptive", "adaptive-confidence", "plugin-k2", "plugin-k0"):
         specplug = ({"policy": "goodput"} if arm == "adaptive" else
                     {"policy": "goodput", "draft_confidence": True}
                     if arm == "adaptive-confidence" else {"policy": "static", "static_k": k})

@@ -34,7 +34,7 @@ STATIC = ("vllm-k2", "vllm-k4", "vllm-k6", "vllm-k8", "vllm-table")
 # is a fixed arm the adaptive one is judged against.
 ADAPTIVE = ("adaptive-confidence", "adaptive")
 ORDER = ("plain", "vllm-k2", "vllm-k4", "vllm-k6", "vllm-k8", "vllm-table", "plugin-k2",
-         *ADAPTIVE)
+         "plugin-k0", *ADAPTIVE)
 
 
 def _load(r) -> str:
