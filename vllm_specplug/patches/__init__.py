@@ -58,12 +58,13 @@ def install_once(name: str, owner: Callable[[], Any],
 def install_all() -> dict[str, str | None]:
     """Install every patch; maps patch name to why it is off (None: installed)."""
     from vllm_specplug.patches import (draft_confidence, draft_model_skip, kernel_override_scan,
-                                      request_args_check, startup_profile)
+                                      ngram_threads, request_args_check, startup_profile)
 
     # The confidence stop first: its ``propose`` wrapper must sit inside the
     # zero-cost one, which clears the draft's stale marks after vLLM's returns.
     return {draft_confidence.PATCH_NAME: draft_confidence.install(),
             draft_model_skip.PATCH_NAME: draft_model_skip.install(),
             kernel_override_scan.PATCH_NAME: kernel_override_scan.install(),
+            ngram_threads.PATCH_NAME: ngram_threads.install(),
             request_args_check.PATCH_NAME: request_args_check.install(),
             startup_profile.PATCH_NAME: startup_profile.install()}
