@@ -9,8 +9,8 @@ Why it exists
     opens parallel regions of the runtime whose bound threads run the model.
     Served on 2 cores (SmolLM2-135M, 4 and 8 requests), the n-gram engine
     with no draft scheduled (the plugin at K=0) ran 0.72-0.79x plain
-    decoding; with numba's workqueue layer 1.03-1.04x (benchmarks/README.md,
-    "The n-gram engine's floor").
+    decoding; with numba's workqueue layer 0.99-1.03x (benchmarks/README.md,
+    "The n-gram engine's floor, and its fix").
 
 What it changes
     ``NgramProposer.__init__`` is wrapped: on the CPU platform, before vLLM's
