@@ -4,6 +4,7 @@ Which threading layer numba runs is fixed once per process, so each case
 runs in a fresh interpreter: vLLM's own NgramProposer, built and run once,
 with and without the patch."""
 
+import os
 import subprocess
 import sys
 
@@ -31,7 +32,6 @@ print(numba.threading_layer(), drafts)
 
 
 def _run(mode, **env):
-    import os
     out = subprocess.run([sys.executable, "-c", SCRIPT, mode], capture_output=True, text=True,
                          env={**os.environ, **env}, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]

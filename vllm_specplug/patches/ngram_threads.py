@@ -14,8 +14,9 @@ Why it exists
 
 What it changes
     ``NgramProposer.__init__`` is wrapped: on the CPU platform, before vLLM's
-    constructor runs the kernel the first time (its JIT warm-up), numba's
-    threading layer is set to ``workqueue`` (``numba.config.THREADING_LAYER``),
+    constructor (whose warm-up call proposes for no request, so the kernel
+    first runs at the first real step), numba's threading layer is set to
+    ``workqueue`` (``numba.config.THREADING_LAYER``),
     unless the user chose one (``NUMBA_THREADING_LAYER``) or numba's threads
     already started in this process (then one warning, and vLLM's behaviour).
     The kernel and its results are vLLM's; only the thread pool that runs it
