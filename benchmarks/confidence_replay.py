@@ -10,8 +10,8 @@ calibration's before its step is observed.  Each trace starts cold (one
 server each).  Per variant (one constant of ``controller/confidence.py``
 changed): the log loss and the Brier score of those chances against what
 the target accepted, pooled over the traces, and their change against the
-default.  ``no lift`` is the position's pooled rate alone (the confidence
-unused): what the confidence adds is the gap to it.
+default.  ``confidence unused`` is the position's pooled rate alone: what
+the confidence adds is the gap to it.
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ ROOT = Path(__file__).resolve().parent
 # name -> (module constants, bin edges or None for the default).
 VARIANTS = {
     "default": ({}, None),
-    "no lift (confidence unused)": ({"LIFT_PSEUDO_COUNT": 1e12}, None),
-    "LIFT_PSEUDO_COUNT=2": ({"LIFT_PSEUDO_COUNT": 2.0}, None),  # 8
-    "LIFT_PSEUDO_COUNT=32": ({"LIFT_PSEUDO_COUNT": 32.0}, None),
+    "confidence unused": ({"PRIOR_WEIGHT": 1e12}, None),
+    "PRIOR_WEIGHT=1": ({"PRIOR_WEIGHT": 1.0}, None),  # 4
+    "PRIOR_WEIGHT=16": ({"PRIOR_WEIGHT": 16.0}, None),
     "EDGES: 4 even bins": ({}, np.array([0.25, 0.5, 0.75])),
     "EDGES: 0.5, 0.9, 0.99": ({}, np.array([0.5, 0.9, 0.99])),
     "EDGES: 16 bins": ({}, np.array([0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95,

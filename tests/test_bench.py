@@ -152,7 +152,7 @@ def _benchmark(name):
 
 def test_the_confidence_replay_scores_the_kept_traces():
     """benchmarks/confidence_replay.py on the traces results/ keeps: the confidence's
-    lift predicts better than the position's rate alone (log loss)."""
+    calibrated chance predicts better than the position's rate alone (log loss)."""
     replay = _benchmark("confidence_replay")
     import glob
 
@@ -160,7 +160,7 @@ def test_the_confidence_replay_scores_the_kept_traces():
                                               "*-trace.jsonl"))))
     assert runs, "no kept trace carries the draft's confidence"
     base = replay.score(runs, *replay.VARIANTS["default"])
-    unused = replay.score(runs, *replay.VARIANTS["no lift (confidence unused)"])
+    unused = replay.score(runs, *replay.VARIANTS["confidence unused"])
     assert base["drafts"] == unused["drafts"] > 0
     assert base["log_loss"] < unused["log_loss"]
 

@@ -4,24 +4,35 @@ import numpy as np
 import pytest
 
 from vllm_specplug.controller import ControllerSettings, SpecController, StepProfile
-from vllm_specplug.controller.confidence import (ConfidenceCalibration, DraftStopper, StopRule,
-                                                 _logit)
+from vllm_specplug.controller.confidence import (PRIOR_WEIGHT, ConfidenceCalibration,
+                                                 DraftStopper, StopRule)
 
 
-def rule(cond, caps, slot_cut=0.0, pass_cut=0.0, lift=None, ids=None):
+def rule(cond, caps, slot_cut=0.0, pass_cut=0.0, cal=None, ids=None):
     cond = np.asarray(cond, dtype=np.float64)
-    cal = ConfidenceCalibration(cond.shape[1])
+    cal = cal or ConfidenceCalibration(cond.shape[1])
     return StopRule(ids or [f"r{i}" for i in range(cond.shape[0])], cond,
-                    np.asarray(caps, dtype=np.int64),
-                    cal.lift if lift is None else lift, cal.edges, slot_cut, pass_cut)
+                    np.asarray(caps, dtype=np.int64), *cal.observed(), cal.edges,
+                    slot_cut, pass_cut)
 
 
 def test_a_cold_calibration_leaves_the_history_estimate_as_it_is():
     cal = ConfidenceCalibration(4)
-    assert not cal.lift.any()
+    assert not cal.observed()[1].any()
     st = DraftStopper(rule([[0.8, 0.8, 0.8, 0.8]], [4]), np.array([0]))
     st.after_position(np.array([0.1]))
     assert st.survival[0] == pytest.approx(0.8)
+
+
+def test_a_bin_with_outcomes_outweighs_the_history_estimate():
+    cal = ConfidenceCalibration(4)
+    # 36 drafts under 0.3 confidence, 9 accepted (each its request's first draft).
+    cal.observe([[0.1]] * 36, [1] * 9 + [0] * 27)
+    st = DraftStopper(rule([[0.9] * 4], [4], cal=cal), np.array([0]))
+    st.after_position(np.array([0.1]))
+    # The bin's 0.25, with the history's 0.9 worth PRIOR_WEIGHT outcomes.
+    assert st.survival[0] == pytest.approx((9 + PRIOR_WEIGHT * 0.9) / (36 + PRIOR_WEIGHT))
+    assert st.survival[0] < 0.35
 
 
 def test_the_calibration_learns_that_confident_drafts_are_accepted():
@@ -33,11 +44,12 @@ def test_the_calibration_learns_that_confident_drafts_are_accepted():
         ok = rng.uniform(size=4) < conf
         a = int(np.argmin(ok)) if not ok.all() else 4
         cal.observe([conf.tolist()], [a])
-    low, mid, high = cal.lift[cal.bins(np.array([0.1, 0.6, 0.99]))]
-    assert low < -1.0 < 0.0 < high and low < mid < high
-    # One lift for every position: each bin learns from all of them.
-    assert cal.lift.shape == (cal.edges.size + 1,)
+    low, mid, high = cal.predict(np.zeros(3, dtype=np.int64), np.array([0.1, 0.6, 0.99]))
+    # The chance follows the confidence (the target accepts with it as the chance).
+    assert low < 0.25 and 0.5 < mid < 0.7 and high > 0.95
+    # One count per bin for every position: each bin learns from all of them.
     acc, n = cal.observed()
+    assert n.shape == (cal.edges.size + 1,)
     assert n.sum() > 0 and (acc <= n + 1e-9).all()
 
 
@@ -51,9 +63,9 @@ def test_only_the_accepted_drafts_and_the_first_rejection_are_outcomes():
 
 
 def test_a_request_stops_at_its_first_slot_that_does_not_pay():
-    lift = np.zeros(9)
-    lift[0] = -6.0  # a draft under 0.3 confidence is almost never accepted
-    r = rule([[0.9] * 4, [0.9] * 4], [4, 4], slot_cut=0.2, pass_cut=0.0, lift=lift)
+    cal = ConfidenceCalibration(4)
+    cal.observe([[0.05]] * 100, [0] * 100)  # a draft under 0.3 confidence is never accepted
+    r = rule([[0.9] * 4, [0.9] * 4], [4, 4], slot_cut=0.2, pass_cut=0.0, cal=cal)
     st = DraftStopper(r, np.array([0, 1]))
     assert st.after_position(np.array([0.99, 0.99]))
     assert st.after_position(np.array([0.99, 0.05]))  # row 1's second draft is hopeless
@@ -126,6 +138,3 @@ def test_the_stop_agrees_with_the_argmax_on_history_alone():
             pass
         assert abs(st.position - d.k_step) <= 1, (acc, st.position, d.k_step)
 
-
-def test_logit_is_finite_at_the_ends():
-    assert np.isfinite(_logit(np.array([0.0, 1.0]))).all()

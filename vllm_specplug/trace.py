@@ -165,7 +165,7 @@ def replay_calibration(records: list[dict], cal=None):
 def calibration_table(records: list[dict]) -> list[dict]:
     """Per confidence bin: the verified drafts' outcomes, and the chance the
     calibration gave each before it was verified (``replay_calibration``: the
-    position's pooled acceptance moved by the bin's lift)."""
+    bin's acceptance so far, the position's pooled acceptance as its prior)."""
     from vllm_specplug.controller.confidence import EDGES
 
     rows = [dict(n=0, accepted=0, conf=0.0, predicted=0.0) for _ in range(EDGES.size + 1)]

@@ -5,13 +5,12 @@ identifier) is usually right; one that hesitates (the first word of a
 sentence) is often wrong.  The request's history cannot tell these apart;
 the draft's probability of the token it drafted can.
 
-``ConfidenceCalibration`` learns, from verified drafts, how much a
-confidence moves the chance that the target accepts a token: per
-confidence bin, the log-odds of the bin's acceptance less those of what
-its drafts' positions accept overall (the *lift*), shrunk toward 0 while
-the bin has few outcomes.  A slot's chance is then the request's own
-history estimate of that position, moved by its token's lift; a cold
-calibration has no lift and leaves the history estimate as it is.
+``ConfidenceCalibration`` learns, from verified drafts, the chance that the
+target accepts a draft in each confidence bin (pooled over positions).  A
+slot's chance is the bin's acceptance, with the request's own history
+estimate of that position as its prior (worth ``PRIOR_WEIGHT`` outcomes): a
+bin with many outcomes decides, a cold one leaves the history estimate as
+it is.
 
 ``DraftStopper`` is the controller's argmax applied one draft position at a
 time, inside the draft loop.  The plan fixed the rate it expects (tokens per
@@ -40,40 +39,27 @@ import numpy as np
 # Confidence bins (the draft's top-1 probability), fine where greedy drafts
 # are usually accepted.
 EDGES = np.array([0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.98, 0.995])
-# Outcomes after which a bin's own acceptance weighs as much as its
-# position's: a bin with fewer moves the estimate less.
-LIFT_PSEUDO_COUNT = 8.0
-_CLIP = 1e-3
+# Outcomes the request's history estimate weighs as, against a bin's own:
+# a bin with fewer follows the history more.
+PRIOR_WEIGHT = 4.0
 
 
-def _logit(p):
-    p = np.clip(p, _CLIP, 1.0 - _CLIP)
-    return np.log(p) - np.log1p(-p)
-
-
-def moved(chance, lift):
-    """``chance`` moved by ``lift`` in log-odds: a slot's calibrated chance."""
-    return 1.0 / (1.0 + np.exp(-(_logit(chance) + lift)))
+def chance(accepted: np.ndarray, verified: np.ndarray, bins: np.ndarray, prior) -> np.ndarray:
+    """A slot's calibrated chance: its bin's acceptance, ``prior`` (the
+    history estimate) counting as ``PRIOR_WEIGHT`` outcomes."""
+    return (accepted[bins] + PRIOR_WEIGHT * prior) / (verified[bins] + PRIOR_WEIGHT)
 
 
 class ConfidenceCalibration:
-    """Per confidence bin: counts of verified drafts, of accepted ones,
-    and of the acceptance their positions would have had without the
-    confidence (the position's pooled rate when each was verified).
-
-    The lift of a bin is its observed acceptance against that expectation,
-    in log-odds, shrunk toward 0 by ``LIFT_PSEUDO_COUNT`` expected outcomes:
-    pooled over positions, so that a bin learns from every position, while
-    the position's own rate stays in the request's history estimate.
-    """
+    """Per confidence bin, pooled over positions: verified drafts and
+    accepted ones (accepted drafts and each request's first rejection); per
+    position the same counts, the prior of ``predict``."""
 
     def __init__(self, width: int, edges: np.ndarray = EDGES) -> None:
         self.width = max(int(width), 1)
         self.edges = np.asarray(edges, dtype=np.float64)
-        nb = self.edges.size + 1
         self.by_position = np.zeros((2, self.width))  # accepted, verified
-        self.by_bin = np.zeros((3, nb))  # accepted, verified, expected accepted
-        self._lift = np.zeros(nb)
+        self.by_bin = np.zeros((2, self.edges.size + 1))  # accepted, verified
 
     def bins(self, confidence: np.ndarray) -> np.ndarray:
         return np.searchsorted(self.edges, confidence, side="right")
@@ -96,27 +82,19 @@ class ConfidenceCalibration:
             ok.append(np.arange(seen) < int(a))
         if not pos:
             return
-        p, b, o = np.concatenate(pos), np.concatenate(bin_), np.concatenate(ok)
-        expected = self.position_rates()[p]
-        np.add.at(self.by_position[0], p, o.astype(np.float64))
+        p, b = np.concatenate(pos), np.concatenate(bin_)
+        o = np.concatenate(ok).astype(np.float64)
+        np.add.at(self.by_position[0], p, o)
         np.add.at(self.by_position[1], p, 1.0)
-        np.add.at(self.by_bin[0], b, o.astype(np.float64))
+        np.add.at(self.by_bin[0], b, o)
         np.add.at(self.by_bin[1], b, 1.0)
-        np.add.at(self.by_bin[2], b, expected)
-        acc, n, exp = self.by_bin
-        base = np.where(n > 0, exp / np.maximum(n, 1e-12), 0.5)
-        in_bin = (acc + LIFT_PSEUDO_COUNT * base) / (n + LIFT_PSEUDO_COUNT)
-        self._lift = _logit(in_bin) - _logit(base)
-
-    @property
-    def lift(self) -> np.ndarray:
-        """Per bin: log-odds added to a slot's history estimate, at any position."""
-        return self._lift
 
     def predict(self, positions: np.ndarray, confidences: np.ndarray) -> np.ndarray:
-        """The chance of drafts at ``positions`` with ``confidences``, from the
-        positions' pooled rates (no request history): what the trace replays."""
-        return moved(self.position_rates()[positions], self._lift[self.bins(confidences)])
+        """The chance of drafts at ``positions`` with ``confidences``, with the
+        positions' pooled rates as the prior (no request history): what the
+        trace replays."""
+        return chance(self.by_bin[0], self.by_bin[1], self.bins(confidences),
+                      self.position_rates()[positions])
 
     def observed(self) -> tuple[np.ndarray, np.ndarray]:
         """(accepted, verified) per bin: the calibration's evidence."""
@@ -130,7 +108,8 @@ class StopRule:
     req_ids: list[str]
     conditional: np.ndarray  # [requests, width]: history chance of each position
     caps: np.ndarray         # [requests]: most drafts a request may keep
-    lift: np.ndarray         # [bins]
+    accepted: np.ndarray     # [bins]: the calibration's evidence
+    verified: np.ndarray     # [bins]
     edges: np.ndarray
     slot_cut: float          # survival a slot needs to pay its verification
     pass_cut: float          # expected tokens a further position must add to pay its pass
@@ -166,7 +145,8 @@ class DraftStopper:
         width = self.cond.shape[1]
         if j < width:
             bins = np.searchsorted(self.rule.edges, conf, side="right")
-            self.survival = self.survival * moved(self.cond[:, j], self.rule.lift[bins])
+            self.survival = self.survival * chance(self.rule.accepted, self.rule.verified,
+                                                   bins, self.cond[:, j])
         else:
             self.survival = np.zeros_like(self.survival)
         keep = (self.active & (self.survival > 0.0) & (self.survival >= self.rule.slot_cut)

@@ -441,7 +441,7 @@ class SpecController:
         slot_s = max(float(pr.by_n[nxt] * ratio[nxt] - pr.by_n[n] * ratio[n]), 0.0)
         rate = decision.predicted_tokens / max(decision.predicted_seconds, 1e-12)
         return StopRule(list(req_ids), self.estimator.conditional(rows), caps.astype(np.int64),
-                        self.calibration.lift, self.calibration.edges,
+                        *self.calibration.observed(), self.calibration.edges,
                         slot_cut=rate * slot_s, pass_cut=rate * pr.draft_pass * ratio[n])
 
     # -- probes ------------------------------------------------------------
