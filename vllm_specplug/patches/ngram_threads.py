@@ -37,6 +37,7 @@ import functools
 import logging
 import os
 
+from vllm_specplug.deployment import _on_cpu
 from vllm_specplug.patches import install_once
 
 logger = logging.getLogger("vllm.specplug")
@@ -73,8 +74,7 @@ def _wrap_init(original):
     @functools.wraps(original)
     def __init__(self, *args, **kwargs):
         try:
-            from vllm.platforms import current_platform
-            choose_layer(current_platform.is_cpu())
+            choose_layer(_on_cpu())
         except Exception:  # noqa: BLE001 - vLLM's own lookup, as it would run
             logger.warning("vllm-specplug: numba's threading layer left as vLLM has it",
                            exc_info=True)
