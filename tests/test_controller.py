@@ -577,6 +577,51 @@ def test_a_ratio_learnt_at_one_request_does_not_price_a_batch_of_four():
                                                              rel=1e-3)
 
 
+def test_plain_steps_price_the_plain_shape_a_drafting_batch_never_runs():
+    # The Qwen pair on this CPU: the start-up profile priced plain steps 13%
+    # over what they measured, drafting steps right.  Plain steps ran only
+    # where a request at one request fell back; at four requests the plan
+    # drafted every step, so the plain step of four requests was priced at
+    # the drafting steps' level, 13% high, and drafting that measured no
+    # faster than plain was planned every step.  The plain steps' offset,
+    # learnt at one request, prices the plain step of four.
+    profile = StepProfile.from_dict({  # the Qwen pair's start-up profile, rounded
+        "tokens": [1, 2, 4, 9, 18, 36], "target_s": [0.13, 0.14, 0.115, 0.14, 0.2, 0.36],
+        "first_s": [0.05, 0.04, 0.045, 0.053, 0.09, 0.12], "batch": [1, 2, 4],
+        "pass_s": [0.042, 0.045, 0.045], "catchup_tokens": [62, 144, 296],
+        "catchup_s": [0.15, 0.32, 0.63], "meta": {"zero_cost_fallback": True}})
+    pricer = StepPricer(profile)
+    for i in range(200):
+        k = 3 + i % 3
+        assert pricer.observe(1 + k, 1, k, profile.step(1 + k, 1, k))   # drafting: as profiled
+        if i % 10 == 0:
+            assert pricer.observe(1, 1, 0, 0.87 * profile.step(1, 1, 0))  # plain: 13% under
+    for _ in range(100):
+        assert pricer.observe(8, 4, 1, profile.step(8, 4, 1))
+    corr = pricer.correction
+    assert corr.learnt()["plain"] == pytest.approx(0.87, rel=0.04)
+    assert pricer.seconds(4, 4, 0) == pytest.approx(0.87 * profile.step(4, 4, 0), rel=0.04)
+    # Drafting prices are the drafting steps' own.
+    assert pricer.seconds(8, 4, 1) == pytest.approx(profile.step(8, 4, 1), rel=0.02)
+    assert pricer.seconds(12, 4, 2) == pytest.approx(profile.step(12, 4, 2), rel=0.02)
+    # Drafts that pay against the profile's plain price but not against the
+    # measured one are not planned.
+    policy = GoodputPolicy()
+    fresh = StepPricer(profile)
+    ceilings = np.full(4, 4)
+    for p in np.linspace(0.05, 0.95, 91):
+        survival = np.cumprod(np.full((4, 4), p), axis=1)
+        if policy.decide(survival, ceilings, 4, fresh).k_step > 0:
+            break
+    assert policy.decide(survival, ceilings, 4, fresh).k_step > 0
+    assert policy.decide(survival, ceilings, 4, pricer).k_step == 0
+    # A plain step with a prefill chunk corrects its own shape, not the offset.
+    before = corr.learnt()["plain"]
+    for _ in range(20):
+        pricer.observe(2052, 4, 0, 1.3 * profile.step(2052, 4, 0))
+    assert corr.learnt()["plain"] == pytest.approx(before, rel=0.05)
+
+
 def test_shapes_the_policy_never_runs_are_priced_at_the_level_of_those_it_runs():
     # Served ShareGPT at four requests, Qwen 1.5B + 0.5B on a CPU, with a
     # profile cached when the host ran 1.3x slower: steps of four requests

@@ -49,12 +49,12 @@ class StepPricer:
 
     def seconds(self, tokens: float, batch: int, k_step: int, catchup_tokens: float = 0.0) -> float:
         raw = self.profile.step(tokens, batch, k_step, catchup_tokens)
-        return raw * self.correction.ratio(tokens, batch)
+        return raw * self.correction.ratio(tokens, batch, plain=k_step == 0)
 
     def observe(self, tokens: float, batch: int, k_step: int, seconds: float,
                 catchup_tokens: float = 0.0) -> bool:
         raw = self.profile.step(tokens, batch, k_step, catchup_tokens)
-        return self.correction.observe(tokens, batch, raw, seconds)
+        return self.correction.observe(tokens, batch, raw, seconds, plain=k_step == 0)
 
 
 class GoodputPolicy:
@@ -145,8 +145,8 @@ class GoodputPolicy:
         prefill_f = (max(profile.first(base) - profile.first(batch), 0.0)
                      if profile.skips_draft_at_k0 else 0.0)
         # The plain step with its prefill chunk: at least the plain step without it.
-        plain_full = (profile.target(batch) + prefill_p) * corr.ratio(base, batch)
-        prefill_s = prefill_p * corr.ratio(base, batch)
+        plain_full = (profile.target(batch) + prefill_p) * corr.ratio(base, batch, plain=True)
+        prefill_s = prefill_p * corr.ratio(base, batch, plain=True)
         unseen_s = catch_up_s + prefill_f * corr.ratio(base, batch)  # paid by drafting plans
         per_token = 1.0 / max(horizon, 1.0) if horizon is not None else 0.0
         owed = unseen_s * per_token

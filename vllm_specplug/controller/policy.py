@@ -255,12 +255,12 @@ class StepPricer:
 
     def seconds(self, tokens: float, batch: int, k_step: int, catchup_tokens: float = 0.0) -> float:
         raw = self.profile.step(tokens, batch, k_step, catchup_tokens)
-        return raw * self.correction.ratio(tokens, batch)
+        return raw * self.correction.ratio(tokens, batch, plain=k_step == 0)
 
     def observe(self, tokens: float, batch: int, k_step: int, seconds: float,
                 catchup_tokens: float = 0.0) -> bool:
         raw = self.profile.step(tokens, batch, k_step, catchup_tokens)
-        return self.correction.observe(tokens, batch, raw, seconds)
+        return self.correction.observe(tokens, batch, raw, seconds, plain=k_step == 0)
 
 
 @dataclass
@@ -270,7 +270,7 @@ class _Prices:
     fixed_k_step: int | None
     plain_full: float    # the plain step, prefill chunk included
     prefill_p: float     # the prefill chunk's profiled target seconds
-    prefill_s: float     # ... at the step's correction
+    prefill_s: float     # ... at the plain step's correction
     unseen_s: float      # catch-up and draft prefill, paid by a drafting plan
     owed: float          # unseen_s per token yielded (0 without a horizon)
     plain: float         # plain decoding's seconds, without the prefill chunk
@@ -369,12 +369,13 @@ class GoodputPolicy:
         base = max(float(base_tokens), float(batch))
         shape = self._shape(profile, base, batch, width)
         prefill_p, prefill_f, plain_p, by_n, draft_pass = shape[4:]
-        # Every plan of this step, plain's included, is priced at the
-        # correction of the step's own shape, prefill chunk and all.
+        # Every plan of this step is priced at the correction of the step's
+        # own shape, prefill chunk and all; the plain plan at a plain step's.
         ratio = corr.ratio(base, batch)
+        plain_ratio = corr.ratio(base, batch, plain=True)
         # The plain step with its prefill chunk: at least the plain step without it.
-        plain_full = (plain_p + prefill_p) * ratio
-        prefill_s = prefill_p * ratio
+        plain_full = (plain_p + prefill_p) * plain_ratio
+        prefill_s = prefill_p * plain_ratio
         unseen_s = catch_up_s + prefill_f * ratio  # paid by drafting plans
         per_token = 1.0 / max(horizon, 1.0) if horizon is not None else 0.0
         pr = _Prices(batch, fixed_k_step, plain_full, prefill_p, prefill_s, unseen_s,
