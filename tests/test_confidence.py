@@ -138,3 +138,32 @@ def test_the_stop_agrees_with_the_argmax_on_history_alone():
             pass
         assert abs(st.position - d.k_step) <= 1, (acc, st.position, d.k_step)
 
+
+
+def test_a_prefill_chunk_in_the_step_does_not_make_every_pass_pay():
+    """A prompt's step is long whatever is drafted: the stop prices a pass at the
+    rate the plan's argmax maximised (its decoding), as in a step without the
+    chunk, and stops where that step's plan would."""
+    profile = StepProfile([1, 16, 128, 1024], [1.0, 1.0, 1.2, 6.0], [0.15, 0.15, 0.2, 1.0],
+                          [1, 64], [0.2, 0.2])
+    cuts = {}
+    for chunk in (0, 600):
+        ctrl = SpecController(ControllerSettings(max_k=8, profile_correction=False), profile)
+        ctrl.add_request("a")
+        rng = np.random.default_rng(1)
+        for _ in range(200):
+            d = ctrl.plan(["a"])
+            k = int(d.k[0]) or 1
+            ok = rng.uniform(size=k) < 0.8
+            ctrl.observe_verifications(["a"], [k], [int(np.argmin(ok)) if not ok.all() else k])
+        d = ctrl.plan(["a"], base_tokens=1 + chunk)
+        assert d.k_step > 0
+        r = ctrl.stop_rule()
+        st = DraftStopper(r, np.array([0]))
+        while st.after_position(np.array([0.5])):
+            pass
+        assert abs(st.position - d.k_step) <= 1, (chunk, st.position, d.k_step)
+        cuts[chunk] = r.pass_cut
+    # The step with the chunk takes several times as long; its slots cost more
+    # (600 tokens on), its pass is worth about as much.
+    assert cuts[600] > 0.7 * cuts[0]

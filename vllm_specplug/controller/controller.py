@@ -439,7 +439,13 @@ class SpecController:
         ratio = pr.ratios(min(n + 2, pr.by_n.size))
         nxt = min(n + 1, pr.by_n.size - 1, ratio.size - 1)
         slot_s = max(float(pr.by_n[nxt] * ratio[nxt] - pr.by_n[n] * ratio[n]), 0.0)
-        rate = decision.predicted_tokens / max(decision.predicted_seconds, 1e-12)
+        # The rate the argmax maximised: the plan's tokens over its decoding
+        # seconds, the draft's unseen work owed per token.  Not the step's
+        # predicted seconds: a prefill chunk's are the step's whatever is
+        # drafted, and would price every pass of a prompt's step as paying.
+        tokens = decision.predicted_tokens
+        seconds = (pr.by_n[n] + (decision.k_step - 1) * pr.draft_pass) * ratio[n]
+        rate = tokens / max(float(seconds) + pr.owed * tokens, 1e-12)
         return StopRule(list(req_ids), self.estimator.conditional(rows), caps.astype(np.int64),
                         *self.calibration.observed(), self.calibration.edges,
                         slot_cut=rate * slot_s, pass_cut=rate * pr.draft_pass * ratio[n])
