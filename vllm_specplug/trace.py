@@ -144,7 +144,7 @@ def replay_calibration(records: list[dict], cal=None):
     ``cal``: a fresh ``ConfidenceCalibration`` (default: 16 positions)."""
     import numpy as np
 
-    from vllm_specplug.controller.confidence import ConfidenceCalibration
+    from vllm_specplug.controller.confidence import ConfidenceCalibration, bins
 
     cal = ConfidenceCalibration(16) if cal is None else cal
     for r in records:
@@ -155,7 +155,7 @@ def replay_calibration(records: list[dict], cal=None):
             a = r["requests"][rid][1]
             seen = np.asarray(conf[: min(a + 1, len(conf), cal.width)], dtype=np.float64)
             positions = np.arange(seen.size)
-            yield from zip(positions.tolist(), seen.tolist(), cal.bins(seen).tolist(),
+            yield from zip(positions.tolist(), seen.tolist(), bins(cal.edges, seen).tolist(),
                            cal.predict(positions, seen).tolist(), (positions < a).tolist())
             confs.append(conf)
             accs.append(a)

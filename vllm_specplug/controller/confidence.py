@@ -45,6 +45,11 @@ EDGES = np.array([0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.98, 0.995])
 PRIOR_WEIGHT = 4.0
 
 
+def bins(edges: np.ndarray, confidence) -> np.ndarray:
+    """The confidence bin of each draft: how many of the ascending ``edges`` it reaches."""
+    return np.searchsorted(edges, confidence, side="right")
+
+
 def chance(accepted: np.ndarray, verified: np.ndarray, bins: np.ndarray, prior) -> np.ndarray:
     """A slot's calibrated chance: its bin's acceptance, ``prior`` (the
     history estimate) counting as ``PRIOR_WEIGHT`` outcomes."""
@@ -62,9 +67,6 @@ class ConfidenceCalibration:
         self.by_position = np.zeros((2, self.width))  # accepted, verified
         self.by_bin = np.zeros((2, self.edges.size + 1))  # accepted, verified
 
-    def bins(self, confidence: np.ndarray) -> np.ndarray:
-        return np.searchsorted(self.edges, confidence, side="right")
-
     def position_rates(self) -> np.ndarray:
         acc, n = self.by_position
         return (acc + 1.0) / (n + 2.0)
@@ -79,7 +81,7 @@ class ConfidenceCalibration:
             if seen <= 0:
                 continue
             pos.append(np.arange(seen))
-            bin_.append(self.bins(conf[:seen]))
+            bin_.append(bins(self.edges, conf[:seen]))
             ok.append(np.arange(seen) < int(a))
         if not pos:
             return
@@ -94,7 +96,7 @@ class ConfidenceCalibration:
         """The chance of drafts at ``positions`` with ``confidences``, with the
         positions' pooled rates as the prior (no request history): what the
         trace replays."""
-        return chance(self.by_bin[0], self.by_bin[1], self.bins(confidences),
+        return chance(self.by_bin[0], self.by_bin[1], bins(self.edges, confidences),
                       self.position_rates()[positions])
 
     def observed(self) -> tuple[np.ndarray, np.ndarray]:
@@ -145,9 +147,8 @@ class DraftStopper:
             return True
         width = self.cond.shape[1]
         if j < width:
-            bins = np.searchsorted(self.rule.edges, conf, side="right")
             self.survival = self.survival * chance(self.rule.accepted, self.rule.verified,
-                                                   bins, self.cond[:, j])
+                                                   bins(self.rule.edges, conf), self.cond[:, j])
         else:
             self.survival = np.zeros_like(self.survival)
         keep = (self.active & (self.survival > 0.0) & (self.survival >= self.rule.slot_cut)
