@@ -17,9 +17,10 @@ concurrency and at one Poisson request rate.  Arms:
   (``policy: static``): what the plugin's own path costs, apart from its policy;
 - ``plugin-k0``: the same at K=0 on the speculative engine (no draft token
   scheduled): the floor a fallback reaches on that engine (not in the default grid);
-- ``adaptive``: the plugin's adaptive policy with the shipped ceiling.
-- ``adaptive-confidence``: the same with the draft's confidence on
-  (``draft_confidence: true``; not in the default grid).
+- ``adaptive``: the plugin's adaptive policy with the shipped ceiling, its
+  default settings (the draft's confidence on where it applies).
+- ``adaptive-history``: the same with the draft's confidence off
+  (``draft_confidence: false``: K from history alone; not in the default grid).
 
 The first run after a server is up is its cold run (other prompts than the
 grid's, no warm-up, vLLM's ready-check request turned off); every cell
@@ -77,7 +78,7 @@ class ServedSetup:
     requests: int  # per run at concurrency 1; waves * c at concurrency c > 1
     rate: float  # requests per second of the Poisson cell (0: none)
     rate_workload: str = "mixed"  # the one workload that gets the Poisson cell
-    # The grid's arms; vllm-k6, vllm-k8 and adaptive-confidence only when asked for (--arms).
+    # The grid's arms; vllm-k6, vllm-k8 and adaptive-history only when asked for (--arms).
     arms: tuple[str, ...] = ("plain", "vllm-k2", "vllm-k4", "vllm-table", "plugin-k2", "adaptive")
     max_model_len: int = 1024
     max_prompt_tokens: int = 384
@@ -254,10 +255,10 @@ def server_command(setup: ServedSetup, arm: str, target: str, draft: str | None,
             spec["num_speculative_tokens_per_batch_size"] = [
                 [lo, hi, min(kk, setup.ceiling)] for lo, hi, kk in VLLM_TABLE]
         argv += ["--speculative-config", json.dumps(spec)]
-    if arm in ("adaptive", "adaptive-confidence", "plugin-k2", "plugin-k0"):
+    if arm in ("adaptive", "adaptive-history", "plugin-k2", "plugin-k0"):
         specplug = ({"policy": "goodput"} if arm == "adaptive" else
-                    {"policy": "goodput", "draft_confidence": True}
-                    if arm == "adaptive-confidence" else {"policy": "static", "static_k": k})
+                    {"policy": "goodput", "draft_confidence": False}
+                    if arm == "adaptive-history" else {"policy": "static", "static_k": k})
         if trace_path:
             specplug["trace_path"] = trace_path
         argv += ["--scheduler-cls", "vllm_specplug.AdaptiveSpecScheduler",

@@ -30,9 +30,9 @@ TARGET = 0.95
 # normal's past that is close enough for a report).
 _T90 = (6.314, 2.920, 2.353, 2.132, 2.015, 1.943, 1.895, 1.860, 1.833, 1.812)
 STATIC = ("vllm-k2", "vllm-k4", "vllm-k6", "vllm-k8", "vllm-table")
-# The plugin's adaptive policy with and without the draft's confidence: neither
-# is a fixed arm the adaptive one is judged against.
-ADAPTIVE = ("adaptive-confidence", "adaptive")
+# The plugin's adaptive policy without and with the draft's confidence (the
+# default): neither is a fixed arm the adaptive one is judged against.
+ADAPTIVE = ("adaptive-history", "adaptive")
 ORDER = ("plain", "vllm-k2", "vllm-k4", "vllm-k6", "vllm-k8", "vllm-table", "plugin-k2",
          "plugin-k0", *ADAPTIVE)
 
