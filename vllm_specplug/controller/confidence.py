@@ -15,8 +15,9 @@ it is.
 ``DraftStopper`` is the controller's argmax applied one draft position at a
 time, inside the draft loop.  The plan fixed the rate its argmax maximised
 (tokens per second of decoding: a prefill chunk in the step costs the same
-whatever is drafted, so its seconds are not in it); after each position the survival of every request's slot is known
-from the confidences of its actual drafted tokens, and
+whatever is drafted, so its seconds are not in it); after each position the
+survival of every request's slot is known from the confidences of its actual
+drafted tokens, and
 
 - a request keeps a slot while its survival pays for the slot's
   verification (``slot_cut``: the rate times the slot's verify seconds),
