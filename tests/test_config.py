@@ -16,6 +16,7 @@ from vllm_specplug.config import (
 def test_defaults_are_goodput_with_ceiling_from_vllm():
     cfg = SpecPlugConfig.from_additional_config({}, 8)
     assert cfg.policy == "goodput" and cfg.ceiling(8) == 8
+    assert cfg.zero_cost_fallback and cfg.draft_confidence  # where they apply
     assert SpecPlugConfig.from_additional_config(None, 4).policy == "goodput"
 
 

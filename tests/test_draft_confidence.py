@@ -120,8 +120,9 @@ def test_a_poor_draft_with_the_stop_is_exact(tiny_models, plain):
         shutdown(llm)
 
 
-def test_off_by_default_sends_no_rule(tiny_models, plain):
-    llm = make_llm(tiny_models["target"], speculative=spec(tiny_models["target"]))
+def test_turned_off_it_sends_no_rule(tiny_models, plain):
+    llm = make_llm(tiny_models["target"], speculative=spec(tiny_models["target"]),
+                   specplug={"draft_confidence": False})
     try:
         outs = llm.generate(PROMPTS, greedy(32), use_tqdm=False)
         assert token_ids(outs) == [p[:32] for p in plain]
