@@ -116,28 +116,40 @@ def test_the_controller_sends_a_rule_only_for_an_unpinned_drafting_plan():
     assert ctrl.stop_rule() is None
 
 
+def learnt(profile, acc):
+    """A controller whose one request ("a") has had 200 steps of drafts each
+    accepted with chance ``acc`` (cold calibration, no profile correction)."""
+    ctrl = SpecController(ControllerSettings(max_k=8, profile_correction=False), profile)
+    ctrl.add_request("a")
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        d = ctrl.plan(["a"])
+        k = int(d.k[0]) or 1
+        ok = rng.uniform(size=k) < acc
+        ctrl.observe_verifications(["a"], [k], [int(np.argmin(ok)) if not ok.all() else k])
+    return ctrl
+
+
+def stop_position(r):
+    """Where the loop ends under rule ``r``, every draft at confidence 0.5."""
+    st = DraftStopper(r, np.array([0]))
+    while st.after_position(np.array([0.5])):
+        pass
+    return st.position
+
+
 def test_the_stop_agrees_with_the_argmax_on_history_alone():
     """With a cold calibration, the loop stops where the plan's own K_step does
     (the plan's argmax, one position at a time) for a single request."""
     profile = StepProfile([1, 16, 128], [1.0, 1.0, 1.2], [0.15] * 3, [1, 64], [0.2, 0.2])
     for acc in (0.5, 0.7, 0.8, 0.9, 0.97):
-        ctrl = SpecController(ControllerSettings(max_k=8, profile_correction=False), profile)
-        ctrl.add_request("a")
-        rng = np.random.default_rng(1)
-        for _ in range(200):
-            d = ctrl.plan(["a"])
-            k = int(d.k[0]) or 1
-            ok = rng.uniform(size=k) < acc
-            ctrl.observe_verifications(["a"], [k], [int(np.argmin(ok)) if not ok.all() else k])
+        ctrl = learnt(profile, acc)
         d = ctrl.plan(["a"])
         r = ctrl.stop_rule()
         if d.k_step == 0:
             continue
-        st = DraftStopper(r, np.array([0]))
-        while st.after_position(np.array([0.5])):
-            pass
-        assert abs(st.position - d.k_step) <= 1, (acc, st.position, d.k_step)
-
+        pos = stop_position(r)
+        assert abs(pos - d.k_step) <= 1, (acc, pos, d.k_step)
 
 
 def test_a_prefill_chunk_in_the_step_does_not_make_every_pass_pay():
@@ -148,21 +160,12 @@ def test_a_prefill_chunk_in_the_step_does_not_make_every_pass_pay():
                           [1, 64], [0.2, 0.2])
     cuts = {}
     for chunk in (0, 600):
-        ctrl = SpecController(ControllerSettings(max_k=8, profile_correction=False), profile)
-        ctrl.add_request("a")
-        rng = np.random.default_rng(1)
-        for _ in range(200):
-            d = ctrl.plan(["a"])
-            k = int(d.k[0]) or 1
-            ok = rng.uniform(size=k) < 0.8
-            ctrl.observe_verifications(["a"], [k], [int(np.argmin(ok)) if not ok.all() else k])
+        ctrl = learnt(profile, 0.8)
         d = ctrl.plan(["a"], base_tokens=1 + chunk)
         assert d.k_step > 0
         r = ctrl.stop_rule()
-        st = DraftStopper(r, np.array([0]))
-        while st.after_position(np.array([0.5])):
-            pass
-        assert abs(st.position - d.k_step) <= 1, (chunk, st.position, d.k_step)
+        pos = stop_position(r)
+        assert abs(pos - d.k_step) <= 1, (chunk, pos, d.k_step)
         cuts[chunk] = r.pass_cut
     # The step with the chunk takes several times as long; its slots cost more
     # (600 tokens on), its pass is worth about as much.
