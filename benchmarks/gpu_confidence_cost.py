@@ -69,6 +69,13 @@ except Exception as e:  # noqa: BLE001
     DraftStopper = StopRule = None
     EDGES = np.array([0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.98, 0.995])
     STOPPER_ERR = f"import vllm_specplug.controller.confidence failed: {e!r}"[:300]
+
+
+def confidence_gpu(logits):  # the device part of _confidence
+    lg = logits.float()
+    return torch.exp(lg.max(dim=-1).values - torch.logsumexp(lg, dim=-1))
+
+
 try:  # the plugin's own function (imports only vllm_specplug.deployment, no vLLM)
     from vllm_specplug.patches.draft_confidence import _confidence as confidence
     CONF_SRC = "vllm_specplug.patches.draft_confidence._confidence"
@@ -76,13 +83,7 @@ except Exception:  # noqa: BLE001
     CONF_SRC = "local copy of _confidence"
 
     def confidence(logits):
-        lg = logits.float()
-        return torch.exp(lg.max(dim=-1).values - torch.logsumexp(lg, dim=-1)).cpu().numpy()
-
-
-def confidence_gpu(logits):  # the device part of _confidence
-    lg = logits.float()
-    return torch.exp(lg.max(dim=-1).values - torch.logsumexp(lg, dim=-1))
+        return confidence_gpu(logits).cpu().numpy()
 
 
 def sync():
