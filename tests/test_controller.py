@@ -746,6 +746,74 @@ def test_goodput_recovers_after_regime_change_through_probes():
     assert ctrl.num_in_fallback() == 0
 
 
+# The Qwen pair's start-up profile on this CPU, rounded (zero-cost fallback).
+QWEN_CPU = StepProfile.from_dict({
+    "tokens": [1, 2, 4, 9, 18, 36], "target_s": [0.13, 0.14, 0.115, 0.14, 0.2, 0.36],
+    "first_s": [0.05, 0.04, 0.045, 0.053, 0.09, 0.12], "batch": [1, 2, 4],
+    "pass_s": [0.042, 0.045, 0.045], "catchup_tokens": [62, 144, 296],
+    "catchup_s": [0.15, 0.32, 0.63], "meta": {"zero_cost_fallback": True}})
+
+
+def drive_true_prices(ctrl, alpha, batch, steps, plain_factor, rng):
+    """``batch`` requests of acceptance ``alpha``; a step takes the profile's
+    price, a plain step ``plain_factor`` times it, with the zero-cost
+    fallback's catch-up.  Returns the K_step of every step."""
+    ids = [f"r{i}" for i in range(batch)]
+    for r in ids:
+        ctrl.add_request(r)
+    previous, gap, k_steps = np.zeros(batch, dtype=np.int64), 0, []
+    for _ in range(steps):
+        d = ctrl.plan(ids, catchup_tokens=gap, catchup_if_plain=gap + batch)
+        ctrl.observe_verifications(
+            ids, previous, [simulate_verification(rng, alpha, k) for k in previous])
+        tokens = batch + int(previous.sum())
+        catchup = gap if d.k_step else 0
+        seconds = ctrl.profile.step(tokens, batch, d.k_step, catchup)
+        if d.k_step == 0:
+            seconds *= plain_factor
+        ctrl.observe_step(batch, tokens, d.k_step, seconds * rng.lognormal(0.0, 0.05), catchup)
+        gap = 0 if d.k_step else gap + batch
+        previous = d.k.copy()
+        k_steps.append(d.k_step)
+    return np.array(k_steps)
+
+
+def test_a_plain_step_the_plan_never_runs_is_measured_by_a_plain_probe(monkeypatch):
+    # Served at four requests on this CPU, the plain step ran 0.8x its
+    # start-up price while drafting steps ran at theirs; the plan drafted
+    # every step, a plain step of four requests never ran, so its price
+    # never moved, and vLLM's plain decoding beat every drafting arm.  A
+    # plain probe measures it, and the plan decodes plainly from then on.
+    ctrl = SpecController(ControllerSettings(max_k=4), QWEN_CPU)
+    k_steps = drive_true_prices(ctrl, 0.8, 4, 300, 0.8, np.random.default_rng(0))
+    assert ctrl.stats.plain_probes == 1
+    assert (k_steps[-150:] == 0).mean() >= 0.9
+    assert ctrl.pricer.seconds(4, 4, 0) == pytest.approx(0.8 * QWEN_CPU.step(4, 4, 0), rel=0.05)
+    # Without the probe the plan drafts on.
+    monkeypatch.setattr(SpecController, "_plain_probe", lambda self, *a: None)
+    ctrl = SpecController(ControllerSettings(max_k=4), QWEN_CPU)
+    k_steps = drive_true_prices(ctrl, 0.8, 4, 300, 0.8, np.random.default_rng(0))
+    assert (k_steps[-150:] > 0).mean() >= 0.9
+
+
+def test_a_plain_probe_that_finds_drafting_pays_returns_to_it_and_waits():
+    # The same start, but the profile's plain price is right: one probe of
+    # the band, then drafting again, and no second probe before the band's
+    # plain steps are forgotten.
+    ctrl = SpecController(ControllerSettings(max_k=4), QWEN_CPU)
+    k_steps = drive_true_prices(ctrl, 0.85, 4, 400, 1.0, np.random.default_rng(0))
+    assert ctrl.stats.plain_probes == 1
+    assert (k_steps[-200:] > 0).mean() >= 0.9
+
+
+def test_no_plain_probe_where_no_plain_run_could_overturn_the_plan():
+    # Perfect drafts on a memory-bound profile: drafting's predicted gain is
+    # far past what PLAIN_PROBE_STEPS steps could move a plain price.
+    ctrl = SpecController(ControllerSettings(max_k=4), GPU_LIKE)
+    drive_perfect_drafts(ctrl, 4, 200, np.random.default_rng(0))
+    assert ctrl.stats.plain_probes == 0
+
+
 def test_probe_timeout_counts_silent_probes_as_failures():
     # Probes whose drafts never reach verification (n-gram found nothing):
     # the controller must not wait for them forever; the back-off grows.

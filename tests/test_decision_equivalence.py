@@ -22,6 +22,14 @@ RTOL = 1e-9
 ref.GoodputPolicy.MIN_SURVIVAL = 0.0
 
 
+@pytest.fixture(autouse=True)
+def _no_plain_probes(monkeypatch):
+    """The reference predates plain probes (a run of plain steps the plan did
+    not choose, ``SpecController._plain_probe``; tested in test_controller.py):
+    compared with them off."""
+    monkeypatch.setattr(new.SpecController, "_plain_probe", lambda self, *a: None)
+
+
 def _close(a: float, b: float) -> bool:
     if math.isnan(a) or math.isnan(b):
         return math.isnan(a) and math.isnan(b)

@@ -21,6 +21,8 @@ nothing here duplicates them.  Series, all labelled ``model_name`` and
 - ``vllm:specplug_requests`` / ``vllm:specplug_requests_in_fallback``;
 - ``vllm:specplug_probes_total`` / ``vllm:specplug_probes_succeeded_total`` /
   ``vllm:specplug_recoveries_total``;
+- ``vllm:specplug_plain_probes_total``: runs of plain steps that measure a
+  batch size's plain step where the plan always drafts;
 - ``vllm:specplug_predicted_step_seconds_total`` and
   ``vllm:specplug_measured_step_seconds_total`` over the same steps (their
   rates' ratio is the cost model's calibration);
@@ -68,6 +70,8 @@ def _series():
                               _LABELS)
         s["probes_ok"] = Counter("vllm:specplug_probes_succeeded", "Re-probes whose drafts "
                                  "were all accepted.", _LABELS)
+        s["plain_probes"] = Counter("vllm:specplug_plain_probes", "Runs of plain steps "
+                                    "measuring a batch size's plain step.", _LABELS)
         s["recoveries"] = Counter("vllm:specplug_recoveries", "Requests that left fallback "
                                   "after a successful probe.", _LABELS)
         s["predicted_s"] = Counter("vllm:specplug_predicted_step_seconds", "Step time the "
@@ -127,6 +131,7 @@ class SpecPlugMetrics:
         self._sent["probes"] = stats.probes_sent
         self._sent["probes_ok"] = stats.probes_succeeded
         self._sent["recoveries"] = stats.recoveries
+        self._sent["plain_probes"] = stats.plain_probes
 
     def record_step(self, k_step: int) -> None:
         self.k_step_counts[min(max(k_step, 0), self.max_k)] += 1
@@ -162,6 +167,7 @@ class SpecPlugMetrics:
         self._inc("probes", stats.probes_sent)
         self._inc("probes_ok", stats.probes_succeeded)
         self._inc("recoveries", stats.recoveries)
+        self._inc("plain_probes", stats.plain_probes)
         self._inc("predicted_s", self.predicted_s)
         self._inc("measured_s", self.measured_s)
         self._inc("faults", faults)

@@ -636,7 +636,7 @@ class _AdaptiveSpecMixin:
         s = sp.controller.stats
         keys = ("steps", "sum_k_step", "request_steps", "granted_slots",
                 "fallback_request_steps", "drafted", "accepted", "probes_sent",
-                "probes_succeeded")
+                "probes_succeeded", "plain_probes")
         now = {k: getattr(s, k) for k in keys}
         prev = sp.last_logged or dict.fromkeys(keys, 0)
         sp.last_logged = now
@@ -649,11 +649,11 @@ class _AdaptiveSpecMixin:
         logger.info(
             "vllm-specplug: mean K_step %.2f, mean k/request %.2f, fallback %.0f%% of "
             "request-steps, acceptance %.2f, predicted speedup %.2fx, probes %d (%d ok), "
-            "requests %d (%d in fallback)",
+            "plain probes %d, requests %d (%d in fallback)",
             w["sum_k_step"] / w["steps"], w["granted_slots"] / req_steps,
             100.0 * w["fallback_request_steps"] / req_steps,
             w["accepted"] / max(w["drafted"], 1), speedup, w["probes_sent"],
-            w["probes_succeeded"], sp.controller.num_requests(),
+            w["probes_succeeded"], w["plain_probes"], sp.controller.num_requests(),
             sp.controller.num_in_fallback())
 
 

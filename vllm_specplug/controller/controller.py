@@ -5,14 +5,18 @@ draft counts and seconds; it knows nothing about vLLM.
 
 Prices come from the step-cost profile measured before serving; live step
 times only feed the profile's clipped correction (``ProfileCorrection``).
-What is learnt online is acceptance.  Exploration therefore concerns
-acceptance alone: a request in fallback is re-probed with a small draft on a
-doubling back-off, and only when the profile says good drafts would pay.
+What is learnt online is acceptance.  Exploration concerns acceptance: a
+request in fallback is re-probed with a small draft on a doubling back-off,
+and only when the profile says good drafts would pay; and the one price the
+correction cannot learn by itself, a plain step at a batch size where the
+plan always drafts, which a short run of plain steps measures.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+import math
 
 import numba
 import numpy as np
@@ -28,7 +32,7 @@ from vllm_specplug.controller.policy import (
     StepPricer,
 )
 from vllm_specplug.controller.profile import (UNKNOWN_DRAFT_RATIO, ProfileCorrection,
-                                              StepProfile, prior_profile)
+                                              StepProfile, band, prior_profile)
 
 
 @numba.njit(cache=True)
@@ -158,6 +162,7 @@ class ControllerStats:
     fallback_request_steps: int = 0
     probes_sent: int = 0
     probes_succeeded: int = 0
+    plain_probes: int = 0
     recoveries: int = 0
     drafted: int = 0
     accepted: int = 0
@@ -182,6 +187,8 @@ class SpecController:
     # probe's drafts are verified one step after it is planned, and observed
     # one step later still under async scheduling.
     PROBE_TIMEOUT = 3
+    # Plain steps a plain probe runs (``_plain_probe``).
+    PLAIN_PROBE_STEPS = 16
 
     def __init__(self, settings: ControllerSettings, profile: StepProfile | None = None):
         if settings.max_k < 0:
@@ -211,6 +218,10 @@ class SpecController:
         self._hope = self.PROBE_OPTIMISM ** np.arange(1.0, width + 1)
         # The last plan's rows, ceilings and prices (``stop_rule``).
         self._last_plan: tuple | None = None
+        # A plain probe's request band and the plain steps it has left; the
+        # correction's observations before the next may start.
+        self._plain_probe_band, self._plain_probe_left = -1, 0
+        self._plain_probe_after = self.PLAIN_PROBE_STEPS
 
     @property
     def profile(self) -> StepProfile:
@@ -411,7 +422,8 @@ class SpecController:
             prices = self.goodput.prices(batch, survival.shape[1], base, self.pricer,
                                          fixed_k_step, catch_up, horizon, skip)
             decision = self.goodput.decide_priced(survival, ceilings, prices)
-            decision = self._probe(rows, ceilings, decision, survival, prices)
+            plain = self._plain_probe(batch, base, decision, prices)
+            decision = plain or self._probe(rows, ceilings, decision, survival, prices)
             self._last_plan = (req_ids, rows, ceilings, prices, decision)
         self._account(rows, ceilings, decision)
         self.last_decision = decision
@@ -457,6 +469,47 @@ class SpecController:
         self._waited[rows] = 0
         self._probe_at[rows] = -1
         self._probe_size[rows] = s.probe_k
+
+    def _plain_probe(self, batch, base, decision, prices) -> Decision | None:
+        """A plain step instead of ``decision`` while a plain probe runs, else None.
+
+        The correction learns a plain step's price only from plain steps of
+        its batch size (its request band); where the plan drafts every step
+        none runs, and the price stays the profile's times errors learnt at
+        other sizes, which can be wrong in either direction (a CPU's plain
+        step at four requests was measured faster than at one).  So when a
+        decoding step's plan drafts at a band that has seen less than one
+        plain step lately (``ProfileCorrection.plain_seen``, forgotten as
+        its price is), and its predicted gain over plain is within what
+        ``PLAIN_PROBE_STEPS`` plain steps can move that price (the
+        correction's step each), the band runs that many plain steps, then
+        the argmax decides again at the price they measured.  A plan that
+        falls back by itself ends a probe.  A probe starts only once the
+        correction has timed as many steps as a probe runs, and twice that
+        since the last probe began: steps that are not timed (or not kept)
+        teach it nothing, and probes of two bands never run back to back.
+        The cost is a catch-up and the run's lost gain, once per band per
+        forgetting time; a plan whose gain no such run could overturn is
+        never probed.
+        """
+        corr = self.pricer.correction
+        at = band(float(batch), corr.BATCH_BANDS)
+        if decision.k_step <= 0:
+            if at == self._plain_probe_band:
+                self._plain_probe_left = 0
+            return None
+        if prices.fixed_k_step is not None or base > batch or not self.settings.profile_correction:
+            return None
+        if self._plain_probe_left > 0 and at == self._plain_probe_band:
+            self._plain_probe_left -= 1
+        elif (corr.plain_seen(batch) < 1.0 and corr.observations >= self._plain_probe_after
+              and decision.predicted_speedup < math.exp(self.PLAIN_PROBE_STEPS * corr.step)):
+            self._plain_probe_band, self._plain_probe_left = at, self.PLAIN_PROBE_STEPS - 1
+            self._plain_probe_after = corr.observations + 2 * self.PLAIN_PROBE_STEPS
+            self.stats.plain_probes += 1
+        else:
+            return None
+        return self.goodput.price(None, np.zeros(batch, dtype=np.int64), 0, prices)
 
     def _probe(self, rows, ceilings, decision, survival, prices) -> Decision:
         """Send a small probe to requests that sat in fallback long enough.

@@ -317,7 +317,10 @@ class ProfileCorrection:
     mismatch is absorbed within a few dozen steps.  Ratios stay in
     [``low``, ``high``], residuals are forgotten toward the level and the
     level and the offset toward 1 (``forget`` per observed step): the
-    profile remains the source of the price.
+    profile remains the source of the price.  Per request band it also
+    counts the decoding plain steps it has seen, forgotten at the same rate
+    (``plain_seen``): a band whose plain price nothing has measured lately
+    is priced from other bands' errors only (``SpecController`` probes it).
     """
 
     BANDS = 24        # token bands
@@ -333,6 +336,7 @@ class ProfileCorrection:
         self._level = 0.0
         self._plain = 0.0  # the plain steps' offset
         self._log = np.zeros((self.BATCH_BANDS, self.BANDS))  # residuals
+        self._plain_seen = np.zeros(self.BATCH_BANDS)
         self.observations = 0
 
     def _at(self, tokens: float, batch: int) -> tuple[int, int]:
@@ -350,6 +354,11 @@ class ProfileCorrection:
         return _band_ratios(self._log[band(float(batch), self.BATCH_BANDS)], self._level,
                             self.low, self.high, int(start), int(count))
 
+    def plain_seen(self, batch: int) -> float:
+        """The decoding plain steps of ``batch``'s request band seen lately
+        (each forgotten as the band's residual is)."""
+        return float(self._plain_seen[band(float(batch), self.BATCH_BANDS)])
+
     def observe(self, tokens: float, batch: int, profiled: float, measured: float,
                 plain: bool = False) -> bool:
         """Fold in one step (``plain``: K_step = 0); returns whether it was kept
@@ -359,6 +368,7 @@ class ProfileCorrection:
         at = self._at(tokens, batch)
         self._log *= self.keep
         self._plain *= self.keep
+        self._plain_seen *= self.keep
         seen = math.log(measured / profiled)
         # The shape's own price moves one step whatever the level does.
         off = self._plain if plain else 0.0
@@ -372,6 +382,7 @@ class ProfileCorrection:
             # a decoding step's.
             if tokens <= batch:
                 self._plain = self._toward(off, seen - self._level)
+                self._plain_seen[at[0]] += 1.0
             self._level *= self.keep
         else:
             self._level = self._toward(self._level * self.keep, seen)
