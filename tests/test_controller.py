@@ -806,6 +806,33 @@ def test_a_plain_probe_that_finds_drafting_pays_returns_to_it_and_waits():
     assert (k_steps[-200:] > 0).mean() >= 0.9
 
 
+def test_the_start_up_check_seeds_the_correction_and_counts_as_plain_steps_seen():
+    # A cached table checked at start: one request's plain step 1.23x the
+    # table, drafting K=8 1.09x.  The correction starts there (not at 1.0,
+    # learnt 2% a step), and one request's plain step counts as seen: no
+    # plain probe of it on a cold server's first request.
+    corr = ProfileCorrection()
+    corr.seed([1], 3, plain=1.23, drafting=1.09)
+    assert corr.ratio(9, 1) == pytest.approx(1.09)
+    assert corr.ratio(1, 1, plain=True) == pytest.approx(1.23)
+    assert corr.plain_seen(1) == 3 and corr.plain_seen(4) == 0
+    profile = StepProfile.from_dict(QWEN_CPU.to_dict())
+    profile.meta.update(start_check={
+        "plain_batches": [1], "repeats": 3, "plain": 1.23, "drafting": 1.09})
+    ctrl = SpecController(ControllerSettings(max_k=4), profile)
+    assert ctrl.pricer.seconds(1, 1, 0) == pytest.approx(1.23 * profile.step(1, 1, 0))
+    drive_true_prices(ctrl, 0.85, 1, 200, 1.23, np.random.default_rng(0))
+    assert ctrl.stats.plain_probes == 0
+    # The other batch sizes were not timed now: four requests are probed.
+    drive_true_prices(ctrl, 0.85, 4, 100, 1.0, np.random.default_rng(1))
+    assert ctrl.stats.plain_probes == 1
+    # Not kept with the table: the next start checks again.
+    assert "start_check" not in profile.to_dict()["meta"]
+    # Without the live correction nothing is seeded: the table's own prices.
+    fixed = SpecController(ControllerSettings(max_k=4, profile_correction=False), profile)
+    assert fixed.pricer.seconds(1, 1, 0) == pytest.approx(profile.step(1, 1, 0))
+
+
 def test_no_plain_probe_where_no_plain_run_could_overturn_the_plan():
     # Perfect drafts on a memory-bound profile: drafting's predicted gain is
     # far past what PLAIN_PROBE_STEPS steps could move a plain price.

@@ -65,6 +65,12 @@ def test_profile_is_measured_at_start_up_cached_and_reused(tiny_models, plain, p
         files = list(profile_cache.glob("*.json"))
         assert len(files) == 1
         assert json.loads(files[0].read_text())["tokens"] == prof.tokens.tolist()
+        # Every batch size's plain step was timed now: the live correction
+        # counts them as seen (no plain probe), and the cache does not keep it.
+        assert prof.meta["start_check"]["plain_batches"] == [1, 2, 4, 8, 16]
+        assert "start_check" not in json.loads(files[0].read_text())["meta"]
+        corr = scheduler_of(llm).specplug.controller.pricer.correction
+        assert min(corr.plain_seen(b) for b in (1, 2, 4, 8, 16)) >= 1
         outs = llm.generate(PROMPTS, greedy(LONG), use_tqdm=False)
         assert token_ids(outs) == plain
     finally:
@@ -79,6 +85,14 @@ def test_profile_is_measured_at_start_up_cached_and_reused(tiny_models, plain, p
         again = scheduler_of(llm).specplug.profile
         assert again.meta["measured_at"] == prof.meta["measured_at"]
         assert again.tokens.tolist() == prof.tokens.tolist()
+        # The check timed one request's plain and drafting steps: the live
+        # correction starts from its ratios, one request's plain step seen.
+        check = again.meta["start_check"]
+        assert check["plain_batches"] == [1] and check["plain"] > 0 and check["drafting"] > 0
+        corr = scheduler_of(llm).specplug.controller.pricer.correction
+        assert corr.learnt()["common"] == pytest.approx(min(max(check["drafting"], 0.5), 2.0),
+                                                        abs=1e-3)
+        assert corr.plain_seen(1) >= 1 and corr.plain_seen(4) == 0
     finally:
         shutdown(llm)
     # A cached table 1000x off this machine is measured again (and replaced).

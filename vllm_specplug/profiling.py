@@ -492,8 +492,9 @@ def validate_steps(bench, k: int) -> tuple[float, int, float, int]:
 
 
 def validate(executor, vllm_config, kv_cache_config, profile: StepProfile, k: int,
-             zero_cost: bool = False, reset_workers=None) -> tuple[bool, str]:
-    """Time two fresh shapes (one request: plain, and drafting K) against a cached table."""
+             zero_cost: bool = False, reset_workers=None) -> tuple[bool, str, tuple]:
+    """Time two fresh shapes (one request: plain, and drafting K) against a cached table:
+    whether it is kept, why, and the two ratios measured / cached."""
     bench = _Bench(executor, vllm_config, kv_cache_config, time.monotonic() + DEADLINE_S)
     try:
         plain, t_plain, wide, t_wide = validate_steps(bench, k)
@@ -505,7 +506,7 @@ def validate(executor, vllm_config, kv_cache_config, profile: StepProfile, k: in
     want_wide = profile.step(t_wide, 1, k)
     ratios = (plain / want_plain, wide / want_wide)
     ok = all(1 - VALIDATE_TOLERANCE <= r <= 1 + VALIDATE_TOLERANCE for r in ratios)
-    return ok, f"measured/cached {ratios[0]:.2f} (plain), {ratios[1]:.2f} (K={k})"
+    return ok, f"measured/cached {ratios[0]:.2f} (plain), {ratios[1]:.2f} (K={k})", ratios
 
 
 def profile_for_engine(executor, vllm_config, kv_cache_config,
@@ -564,10 +565,13 @@ def profile_for_engine(executor, vllm_config, kv_cache_config,
     if os.path.exists(path) and not os.environ.get("VLLM_SPECPLUG_PROFILE_FRESH"):
         try:
             cached = StepProfile.load(path)
-            ok, why = validate(executor, vllm_config, kv_cache_config, cached, k, zero_cost,
-                              reset_workers)
+            ok, why, ratios = validate(executor, vllm_config, kv_cache_config, cached, k,
+                                       zero_cost, reset_workers)
             if ok:
                 profile = cached
+                # What this start timed: the live correction starts from it.
+                profile.meta["start_check"] = {"plain_batches": [1], "repeats": REPEATS,
+                                               "plain": ratios[0], "drafting": ratios[1]}
                 logger.info("vllm-specplug: step-cost profile from the cache (%s; %s)", path, why)
             else:
                 logger.info("vllm-specplug: cached step-cost profile disagrees with this "
@@ -585,6 +589,9 @@ def profile_for_engine(executor, vllm_config, kv_cache_config,
             os.replace(tmp, path)
         except OSError as exc:
             logger.warning("vllm-specplug: could not cache the profile at %s: %s", path, exc)
+        # Timed now, every batch size's plain step (not kept in the cache).
+        profile.meta["start_check"] = {"plain_batches": [int(b) for b in profile.batch],
+                                       "repeats": ROUNDS, "plain": 1.0, "drafting": 1.0}
         logger.info("vllm-specplug: step-cost profile measured in %.1f s over %d shapes "
                     "(batch 1-%d, %d token sizes); cached at %s", profile.meta["seconds"],
                     profile.meta["shapes"], int(profile.batch[-1]), profile.tokens.size, path)

@@ -204,6 +204,10 @@ class SpecController:
         if profile is None:
             profile = prior_profile("cpu", UNKNOWN_DRAFT_RATIO, 64 * (width + 1), 64)
         self.pricer = StepPricer(profile, ProfileCorrection())
+        check = profile.meta.get("start_check")
+        if check and settings.profile_correction:
+            self.pricer.correction.seed(check["plain_batches"], check["repeats"],
+                                        check["plain"], check["drafting"])
         self.goodput = GoodputPolicy(min_gain=settings.min_gain)
         static_k = settings.max_k if settings.static_k is None else settings.static_k
         self.static = StaticPolicy(min(static_k, settings.max_k))

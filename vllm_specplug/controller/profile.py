@@ -229,7 +229,8 @@ class StepProfile:
             "catchup_tokens": None if self.catchup_tokens is None else self.catchup_tokens.tolist(),
             "catchup_s": None if self.catchup_s is None else self.catchup_s.tolist(),
             "pad_sizes": None if self.pad_sizes is None else self.pad_sizes.tolist(),
-            "meta": self.meta,
+            # What this start timed (``start_check``) is not the next start's.
+            "meta": {k: v for k, v in self.meta.items() if k != "start_check"},
         }
 
     @classmethod
@@ -353,6 +354,20 @@ class ProfileCorrection:
         ... ``start + count - 1`` tokens."""
         return _band_ratios(self._log[band(float(batch), self.BATCH_BANDS)], self._level,
                             self.low, self.high, int(start), int(count))
+
+    def seed(self, plain_batches, repeats: float, plain: float = 1.0,
+             drafting: float = 1.0) -> None:
+        """Start from what the engine timed at start-up (``profiling``'s
+        ``meta["start_check"]``): drafting steps at ``drafting`` times the
+        profile (the level), plain steps at ``plain`` times it (the level and
+        the plain offset), and ``repeats`` decoding plain steps seen in the
+        request band of each of ``plain_batches``."""
+        clip = lambda x: min(max(x, self.low), self.high)  # noqa: E731
+        self._level = clip(math.log(drafting))
+        self._plain = clip(math.log(plain)) - self._level
+        for b in plain_batches:
+            at = band(float(b), self.BATCH_BANDS)
+            self._plain_seen[at] = max(self._plain_seen[at], float(repeats))
 
     def plain_seen(self, batch: int) -> float:
         """The decoding plain steps of ``batch``'s request band seen lately
