@@ -312,6 +312,9 @@ class ProfileCorrection:
     different errors, and a plan that drafts every step at a batch size
     never runs that size's plain step, so would never learn its price (a
     plain step runs where the plan falls back, at another batch size).
+    A plain shape measured lately keeps its own ratio, which drafting steps
+    do not move; it is blended back toward the level times the offset as
+    its steps are forgotten.
     Each kept step moves its shape's ratio, and the level or the offset,
     toward its own by at most ``step`` (running medians): a stall or a
     few cold first steps move a price by a few percent at most, a steady
