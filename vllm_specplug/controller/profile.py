@@ -312,9 +312,6 @@ class ProfileCorrection:
     different errors, and a plan that drafts every step at a batch size
     never runs that size's plain step, so would never learn its price (a
     plain step runs where the plan falls back, at another batch size).
-    A plain shape measured lately keeps its own ratio, which drafting steps
-    do not move; it is blended back toward the level times the offset as
-    its steps are forgotten.
     Each kept step moves its shape's ratio, and the level or the offset,
     toward its own by at most ``step`` (running medians): a stall or a
     few cold first steps move a price by a few percent at most, a steady
@@ -340,10 +337,6 @@ class ProfileCorrection:
         self._level = 0.0
         self._plain = 0.0  # the plain steps' offset
         self._log = np.zeros((self.BATCH_BANDS, self.BANDS))  # residuals
-        # Plain shapes' own log ratios as their steps left them, and their
-        # weight (plain steps seen there, forgotten).
-        self._plain_log = np.zeros((self.BATCH_BANDS, self.BANDS))
-        self._plain_w = np.zeros((self.BATCH_BANDS, self.BANDS))
         self._plain_seen = np.zeros(self.BATCH_BANDS)
         self.observations = 0
 
@@ -352,16 +345,9 @@ class ProfileCorrection:
 
     def ratio(self, tokens: float, batch: int, plain: bool = False) -> float:
         """The ratio of a step's shape; ``plain``: of a plain step (K_step = 0)."""
-        at = self._at(tokens, batch)
-        log = self._plain_price(at) if plain else self._level + self._log[at]
-        return math.exp(min(max(log, self.low), self.high))
-
-    def _plain_price(self, at) -> float:
-        """A plain shape's log ratio: its own as its plain steps left it, while
-        they are recent, else the level times the plain offset."""
-        w = min(self._plain_w[at], 1.0)
-        return (w * self._plain_log[at]
-                + (1.0 - w) * (self._level + self._plain + self._log[at]))
+        off = self._plain if plain else 0.0
+        return math.exp(min(max(self._level + off + self._log[self._at(tokens, batch)],
+                                self.low), self.high))
 
     def ratios_from(self, start: int, count: int, batch: int) -> np.ndarray:
         """Ratios for steps of ``batch`` requests and ``start``, ``start + 1``,
@@ -397,33 +383,25 @@ class ProfileCorrection:
         at = self._at(tokens, batch)
         self._log *= self.keep
         self._plain *= self.keep
-        self._plain_w *= self.keep
         self._plain_seen *= self.keep
         seen = math.log(measured / profiled)
+        # The shape's own price moves one step whatever the level does.
+        off = self._plain if plain else 0.0
+        total = self._toward(self._level + off + self._log[at], seen)
         if plain:
-            # The shape's own price moves one step, and stays its own while
-            # its steps are recent: the level, which drafting steps move,
-            # prices it only as they are forgotten.  The offset is the
-            # decoding plain steps' running median over the level, for plain
-            # shapes not seen lately: a host faster or slower moves both, and
-            # plain steps never pull drafting prices toward theirs.  A step
-            # with a prefill chunk (more tokens than requests) corrects its
-            # own shape only: a chunk's error is not a decoding step's.
-            # Its shape's residual moves as a drafting step's would: a plan
-            # that drafts in a step with a prefill chunk is priced from it.
-            shared = self._toward(self._level + self._plain + self._log[at], seen)
-            self._plain_log[at] = self._toward(self._plain_price(at), seen)
-            self._plain_w[at] += 1.0
+            # The offset is the decoding plain steps' running median over
+            # the level, which drafting steps alone move: a host faster or
+            # slower moves both, and plain steps never pull drafting prices
+            # toward theirs.  A step with a prefill chunk (more tokens than
+            # requests) corrects its own shape only: a chunk's error is not
+            # a decoding step's.
             if tokens <= batch:
-                self._plain = self._toward(self._plain, seen - self._level)
+                self._plain = self._toward(off, seen - self._level)
                 self._plain_seen[at[0]] += 1.0
             self._level *= self.keep
-            self._log[at] = shared - self._level - self._plain
         else:
-            # The shape's own price moves one step whatever the level does.
-            total = self._toward(self._level + self._log[at], seen)
             self._level = self._toward(self._level * self.keep, seen)
-            self._log[at] = total - self._level
+        self._log[at] = total - self._level - (self._plain if plain else 0.0)
         self.observations += 1
         return True
 
