@@ -46,6 +46,14 @@ CPU_BOUND = StepProfile(
     batch=[1, 256], pass_s=[0.2e-3, 0.2e-3 * 256], meta={"source": "test", "platform": "cpu"})
 
 
+# The Qwen pair's start-up profile on this CPU, rounded (zero-cost fallback).
+QWEN_CPU = StepProfile.from_dict({
+    "tokens": [1, 2, 4, 9, 18, 36], "target_s": [0.13, 0.14, 0.115, 0.14, 0.2, 0.36],
+    "first_s": [0.05, 0.04, 0.045, 0.053, 0.09, 0.12], "batch": [1, 2, 4],
+    "pass_s": [0.042, 0.045, 0.045], "catchup_tokens": [62, 144, 296],
+    "catchup_s": [0.15, 0.32, 0.63], "meta": {"zero_cost_fallback": True}})
+
+
 def tiny_serve_profile() -> StepProfile:
     """The tiny models behind vllm serve (test_server) on a CPU, as fitted there.
 
@@ -585,11 +593,7 @@ def test_plain_steps_price_the_plain_shape_a_drafting_batch_never_runs():
     # the drafting steps' level, 13% high, and drafting that measured no
     # faster than plain was planned every step.  The plain steps' offset,
     # learnt at one request, prices the plain step of four.
-    profile = StepProfile.from_dict({  # the Qwen pair's start-up profile, rounded
-        "tokens": [1, 2, 4, 9, 18, 36], "target_s": [0.13, 0.14, 0.115, 0.14, 0.2, 0.36],
-        "first_s": [0.05, 0.04, 0.045, 0.053, 0.09, 0.12], "batch": [1, 2, 4],
-        "pass_s": [0.042, 0.045, 0.045], "catchup_tokens": [62, 144, 296],
-        "catchup_s": [0.15, 0.32, 0.63], "meta": {"zero_cost_fallback": True}})
+    profile = QWEN_CPU
     pricer = StepPricer(profile)
     for i in range(200):
         k = 3 + i % 3
@@ -744,14 +748,6 @@ def test_goodput_recovers_after_regime_change_through_probes():
     assert np.mean([d.predicted_speedup for d in good[-30:]]) >= 0.95 * steady_speedup
     assert ctrl.stats.probes_succeeded > succeeded and ctrl.stats.recoveries >= 1
     assert ctrl.num_in_fallback() == 0
-
-
-# The Qwen pair's start-up profile on this CPU, rounded (zero-cost fallback).
-QWEN_CPU = StepProfile.from_dict({
-    "tokens": [1, 2, 4, 9, 18, 36], "target_s": [0.13, 0.14, 0.115, 0.14, 0.2, 0.36],
-    "first_s": [0.05, 0.04, 0.045, 0.053, 0.09, 0.12], "batch": [1, 2, 4],
-    "pass_s": [0.042, 0.045, 0.045], "catchup_tokens": [62, 144, 296],
-    "catchup_s": [0.15, 0.32, 0.63], "meta": {"zero_cost_fallback": True}})
 
 
 def drive_true_prices(ctrl, alpha, batch, steps, plain_factor, rng):
