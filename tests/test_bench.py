@@ -165,6 +165,38 @@ def test_the_confidence_replay_scores_the_kept_traces():
     assert base["log_loss"] < unused["log_loss"]
 
 
+def test_the_stop_replay_counts_steps_as_greedy_verification_does():
+    """benchmarks/stop_replay.py: a draft at a position is accepted when it matches and every
+    draft before it in the step did; the oracle drafts exactly the accepted run."""
+    sr = _benchmark("stop_replay")
+    cost = sr.Cost(plain_s=1.0, first_s=0.5, pass_s=0.25, scale=1.0)
+    seq = {"match": [1, 1, 0, 1, 1, 1], "confidence": [0.99, 0.9, 0.2, 0.99, 0.99, 0.99]}
+    # K=2: steps at 0 (2 accepted, 3 tokens), 3 (2, 3 tokens): 6 tokens in 2 steps of 1.75 s.
+    assert sr.static(seq, 2, cost) == (6, 3.5)
+    # Plain: one token a step.
+    assert sr.static(seq, 0, cost) == (6, 6.0)
+    # The oracle: 2 drafts (1.75 s), then 3 from position 3 (2.0 s; the sequence ends).
+    assert sr.oracle(seq, 8, cost) == (6, 3.75)
+
+
+def test_the_stop_replay_on_the_kept_sequences():
+    """The kept real sequences (benchmarks/results/stop-replay-*): with the draft's confidence the
+    plugin beats its history-only self and the best static K, and no policy beats the oracle."""
+    import glob
+    import json
+
+    sr = _benchmark("stop_replay")
+    paths = sorted(glob.glob(str(sr.Path(sr.__file__).parent / "results" / "stop-replay-*" /
+                                 "sequences.jsonl")))
+    assert paths, "no kept stop-replay sequences"
+    seqs = [json.loads(line) for line in open(paths[-1]) if line.strip()]
+    group = [s for s in seqs if s["workload"] == "humaneval"][:8]
+    rates = sr.compare(group, sr.Cost(0.155, 0.036, 0.052, 1.0), None)
+    best = max(v for k, v in rates.items() if k.startswith("static"))
+    assert rates["plugin"] > max(best, rates["plugin, history only"])
+    assert rates["oracle"] == max(rates.values())
+
+
 def test_the_validate_check_judges_starts_by_each_rule():
     """benchmarks/validate_check.py's table from raw samples (its engine starts need models)."""
     check = _benchmark("validate_check")
