@@ -83,6 +83,17 @@ def test_rounds_pool_into_one_longer_run_and_keep_each_rounds_ratio():
     assert served.parse_args(["--served"]).waves == 2
     with pytest.raises(SystemExit, match="--waves: 0"):
         served.parse_args(["--served", "--waves", "0"])
+    with pytest.raises(SystemExit, match="--cold-requests: 0"):
+        served.parse_args(["--served", "--cold-requests", "0"])
+
+
+def test_the_cold_run_takes_its_own_number_of_requests(tmp_path):
+    cells = served.build_cells(served.SETUPS["tiny"], ["easy"], [1], False, tmp_path, None,
+                               requests=2, cold_requests=5)
+    assert [(c.kind, c.requests) for c in cells] == [("cold", 5), ("c", 2), ("repeat", 2)]
+    # Disjoint prompts: the warm cell starts after the cold run's five.
+    cold, warm = (open(c.path).read().splitlines() for c in cells[:2])
+    assert len(cold) == 5 and not set(cold) & set(warm)
 
 
 def test_each_round_is_compared_with_the_pooled_best_arm_and_gives_an_interval():

@@ -194,10 +194,11 @@ def _sources(setup: ServedSetup, workload: str, tokenizer, data_cache) -> tuple[
 
 
 def build_cells(setup, workloads, concurrency, with_rate, out: Path, tokenizer,
-                data_cache=None, requests: int | None = None, waves: int = 2) -> list[Cell]:
+                data_cache=None, requests: int | None = None, waves: int = 2,
+                cold_requests: int | None = None) -> list[Cell]:
     """Each cell's own prompts (disjoint slices, so no cell reuses another's prefix cache).
     ``requests``: a c=1 cell's requests (default the setup's); a cell at c > 1
-    sends ``waves * c``."""
+    sends ``waves * c``; ``cold_requests``: the cold run's (default the setup's)."""
     cells = []
     single = requests or setup.requests
     for w in workloads:
@@ -206,7 +207,7 @@ def build_cells(setup, workloads, concurrency, with_rate, out: Path, tokenizer,
         if with_rate and setup.rate > 0 and w == setup.rate_workload:
             loads.append(("rate", 0, 2 * max(concurrency)))
         if w == workloads[0]:
-            loads.insert(0, ("cold", 1, setup.requests))
+            loads.insert(0, ("cold", 1, cold_requests or setup.requests))
         at = 0
         for kind, c, n in loads:
             if at + n > len(prompts):
@@ -504,6 +505,9 @@ def parse_args(argv):
                         "cells pool their rounds (default 1)")
     p.add_argument("--requests", type=int, default=None,
                    help="requests in a c=1 cell (default the setup's: 3 for the real models)")
+    p.add_argument("--cold-requests", type=int, default=None,
+                   help="requests in the cold run, one at a time, right after each server is "
+                        "up (default the setup's: 3 for the real models)")
     p.add_argument("--waves", type=int, default=2,
                    help="requests in a cell at concurrency c > 1, as a multiple of c (default 2)")
     p.add_argument("--trace", action="store_true",
@@ -529,8 +533,10 @@ def parse_args(argv):
         raise SystemExit(f"--rounds: {args.rounds}; allowed: an integer >= 1")
     if args.waves < 1:
         raise SystemExit(f"--waves: {args.waves}; allowed: an integer >= 1")
-    if args.requests is not None and args.requests < 1:
-        raise SystemExit(f"--requests: {args.requests}; allowed: an integer >= 1")
+    for flag in ("requests", "cold_requests"):
+        n = getattr(args, flag)
+        if n is not None and n < 1:
+            raise SystemExit(f"--{flag.replace('_', '-')}: {n}; allowed: an integer >= 1")
     chosen = args.arms.split(",") if args.arms else ["plain"]
     bad = [a for a in chosen if a not in ARMS]
     if bad or "plain" not in chosen:
@@ -571,7 +577,7 @@ def main(argv: list[str] | None = None) -> int:
         draft = resolve_model(setup.draft, args.tiny_root) if setup.draft else None
         tok = AutoTokenizer.from_pretrained(target)
         cells = build_cells(setup, workloads, conc, not args.no_rate, out, tok, args.data_cache,
-                            args.requests, args.waves)
+                            args.requests, args.waves, args.cold_requests)
         chosen = args.arms.split(",") if args.arms else setup.arms
         plan.append((setup, target, draft, cells, [a for a in ARMS if a in chosen]))
     total = args.rounds * sum(_estimate(s, cells, a) for s, _, _, cells, a in plan)
