@@ -16,7 +16,9 @@ whatever step the position falls in.
 ``vllm-specplug models``), prompts from the served benchmark's HumanEval and ShareGPT sources taken
 from the end of their seeded order (the grid's cells use the start), the target's 64 greedy tokens,
 then the draft's pass over prompt + output.  Writes ``sequences.jsonl`` (per prompt: workload,
-match[t], confidence[t] for t >= 1; the prompt's step yields token 0).
+match[t], confidence[t] for t >= 1; the prompt's step yields token 0; and, for other signals
+than the top-1 probability, the top-1 less the top-2 probability, the entropy, and the target's
+output token ids).
 
 ``replay``: one request (c = 1) decoding each sequence, per policy, on a step-cost model:
 plain (one token a step); static K = 1..8 (vLLM's: K drafts, K passes); the oracle (knows where
@@ -83,13 +85,23 @@ def record(args) -> int:
                     n = full.numel() - ids.shape[1]
                     logits = draft(full[None, :-1]).logits[0, ids.shape[1]:].float()
                 probs = torch.softmax(logits, dim=-1)
-                conf, guess = probs.max(dim=-1)
+                top2 = probs.topk(2, dim=-1)
+                conf, guess = top2.values[:, 0], top2.indices[:, 0]
+                entropy = -(probs * torch.log(probs.clamp_min(1e-30))).sum(dim=-1)
                 y = full[ids.shape[1] + 1:]
                 # Position t >= 1: the draft's guess of output token t given tokens < t.
                 match = (guess[: n - 1] == y).tolist()
+
+                def rounded(x):
+                    return [round(float(v), 5) for v in x[: n - 1]]
+
                 f.write(json.dumps({"workload": workload, "prompt": len(prompts) - args.prompts + i,
                                     "match": [int(m) for m in match],
-                                    "confidence": [round(float(c), 5) for c in conf[: n - 1]]})
+                                    "confidence": rounded(conf),
+                                    # For other signals than the top-1 probability:
+                                    "margin": rounded(conf - top2.values[:, 1]),
+                                    "entropy": rounded(entropy),
+                                    "tokens": full[ids.shape[1]:].tolist()})
                         + "\n")
                 f.flush()
                 print(f"[record] {workload} {i + 1}/{args.prompts}: {n} tokens, "
