@@ -127,43 +127,48 @@ def run_length(match, t: int, limit: int) -> int:
     return n
 
 
-def gained(match, t: int, a: int) -> int:
-    """Tokens a step at position ``t`` yields with ``a`` drafts accepted (the target's own
-    next token too), not past the sequence's end."""
-    return min(a + 1, len(match) - t)
+def decode(match, cost: Cost, choose, observe=None) -> tuple[int, float]:
+    """One request through ``match``: ``choose(t)`` gives a step's (drafts offered, draft passes
+    run) at position ``t``; ``observe(t, offered, accepted, passes, seconds)`` sees its outcome.
+    A step yields its accepted drafts and the target's own next token, not past the end."""
+    t, tokens, seconds = 0, 0, 0.0
+    while t < len(match):
+        offered, passes = choose(t)
+        offered = min(offered, len(match) - t)
+        a = run_length(match, t, offered)
+        s = cost(passes)
+        if observe is not None:
+            observe(t, offered, a, passes, s)
+        tokens, seconds, t = tokens + min(a + 1, len(match) - t), seconds + s, t + a + 1
+    return tokens, seconds
 
 
 def static(seq, k: int, cost: Cost) -> tuple[int, float]:
-    match, t, tokens, seconds = seq["match"], 0, 0, 0.0
-    while t < len(match):
-        a = run_length(match, t, k)
-        tokens, seconds, t = tokens + gained(match, t, a), seconds + cost(k), t + a + 1
-    return tokens, seconds
+    return decode(seq["match"], cost, lambda t: (k, k))
 
 
 def oracle(seq, width: int, cost: Cost) -> tuple[int, float]:
-    match, t, tokens, seconds = seq["match"], 0, 0, 0.0
-    while t < len(match):
-        a = run_length(match, t, width)
-        tokens, seconds, t = tokens + gained(match, t, a), seconds + cost(a), t + a + 1
-    return tokens, seconds
+    def choose(t):
+        run = run_length(seq["match"], t, width)
+        return run, run
+
+    return decode(seq["match"], cost, choose)
 
 
 def threshold(seq, tau: float, width: int, cost: Cost) -> tuple[int, float]:
     """Draft while the draft's confidence is at least ``tau`` (up to ``width``): the
     confidence signal alone, at a threshold picked afterwards (optimistic)."""
-    match, conf, t, tokens, seconds = seq["match"], seq["confidence"], 0, 0, 0.0
-    while t < len(match):
+    match, conf = seq["match"], seq["confidence"]
+
+    def choose(t):
         passes = 0
         while passes < width and t + passes < len(match):
             passes += 1
             if conf[t + passes - 1] < tau:
-                break
-        offered = passes if passes and conf[t + passes - 1] >= tau else passes - 1
-        offered = max(offered, 0)
-        a = run_length(match, t, offered)
-        tokens, seconds, t = tokens + gained(match, t, a), seconds + cost(passes), t + a + 1
-    return tokens, seconds
+                return passes - 1, passes  # the doubtful draft is run, not offered
+        return passes, passes
+
+    return decode(match, cost, choose)
 
 
 def plugin(seqs, profile, cost: Cost, width: int,
@@ -180,35 +185,32 @@ def plugin(seqs, profile, cost: Cost, width: int,
         rid = f"r{n}"
         ctrl.add_request(rid)
         match, conf = seq["match"], seq["confidence"]
-        t, tokens, seconds = 0, 0, 0.0
-        while t < len(match):
+
+        def choose(t):
             left = len(match) - t  # max_tokens less the output so far (tokens 0..t)
             d = ctrl.plan([rid], base_tokens=1, tokens_left=[left])
             k_step = min(int(d.k_step), width)
             rule = ctrl.stop_rule() if confidence else None
-            if rule is not None and k_step > 0:
-                k_step = min(max(k_step, int(rule.caps.max(initial=0))), width)
-                stopper = DraftStopper(rule, np.array([0]))
-                passes = 0
-                while passes < k_step:
-                    j = min(t + passes, len(conf) - 1)
-                    passes += 1
-                    if not stopper.after_position(np.array([conf[j]])):
-                        break
-                offered = int(stopper.limits()[0])
-            else:
-                passes = k_step
-                offered = min(int(d.k[0]), k_step)
-            offered = min(offered, len(match) - t)
-            a = run_length(match, t, offered)
-            s = cost(passes)
+            if rule is None or k_step <= 0:
+                return min(int(d.k[0]), k_step), k_step
+            k_step = min(max(k_step, int(rule.caps.max(initial=0))), width)
+            stopper = DraftStopper(rule, np.array([0]))
+            passes = 0
+            while passes < k_step:
+                j = min(t + passes, len(conf) - 1)
+                passes += 1
+                if not stopper.after_position(np.array([conf[j]])):
+                    break
+            return int(stopper.limits()[0]), passes
+
+        def observe(t, offered, a, passes, seconds):
             if offered > 0:
                 ctrl.observe_verifications([rid], [offered], [a])
                 ctrl.observe_confidence([conf[t:t + offered]], [a])
-            ctrl.observe_step(1, 1 + offered, passes, s)
-            tokens, seconds, t = tokens + gained(match, t, a), seconds + s, t + a + 1
+            ctrl.observe_step(1, 1 + offered, passes, seconds)
+
+        out.append(decode(match, cost, choose, observe))
         ctrl.finish_request(rid)
-        out.append((tokens, seconds))
     return out
 
 
