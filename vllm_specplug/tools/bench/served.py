@@ -529,11 +529,7 @@ def parse_args(argv):
         args.concurrency = ",".join(map(str, QUICK["concurrency"]))
         args.arms = ",".join(QUICK["arms"])
         args.no_rate = True
-    if args.rounds < 1:
-        raise SystemExit(f"--rounds: {args.rounds}; allowed: an integer >= 1")
-    if args.waves < 1:
-        raise SystemExit(f"--waves: {args.waves}; allowed: an integer >= 1")
-    for flag in ("requests", "cold_requests"):
+    for flag in ("rounds", "waves", "requests", "cold_requests"):
         n = getattr(args, flag)
         if n is not None and n < 1:
             raise SystemExit(f"--{flag.replace('_', '-')}: {n}; allowed: an integer >= 1")
