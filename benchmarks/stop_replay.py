@@ -171,15 +171,19 @@ def threshold(seq, tau: float, width: int, cost: Cost) -> tuple[int, float]:
     return decode(match, cost, choose)
 
 
-def plugin(seqs, profile, cost: Cost, width: int,
-           confidence: bool = True) -> list[tuple[int, float]]:
-    """The controller and the stop over the sequences in order, one request at a time."""
+def plugin(seqs, profile, cost: Cost, width: int, confidence: bool = True,
+           calibrated: list | None = None) -> list[tuple[int, float]]:
+    """The controller and the stop over the sequences in order, one request at a time;
+    ``calibrated``: sequences whose every position the calibration has seen before the first
+    step (with ``seqs`` themselves: the confidence's calibration known in advance, a bound)."""
     from vllm_specplug.config import SpecPlugConfig
     from vllm_specplug.controller import SpecController
     from vllm_specplug.controller.confidence import DraftStopper
 
     settings = SpecPlugConfig.from_dict({}, width).controller_settings(width)
     ctrl = SpecController(settings, profile)
+    for seq in calibrated or []:  # each position as a one-draft verification
+        ctrl.observe_confidence([[c] for c in seq["confidence"]], seq["match"])
     out = []
     for n, seq in enumerate(seqs):
         rid = f"r{n}"
@@ -214,6 +218,17 @@ def plugin(seqs, profile, cost: Cost, width: int,
     return out
 
 
+def auc(seqs) -> float:
+    """How well the confidence ranks the drafts the target accepts above the ones it rejects:
+    the chance an accepted draft's is the higher of an accepted and a rejected one's."""
+    y = np.concatenate([s["match"] for s in seqs]).astype(bool)
+    x = np.concatenate([s["confidence"] for s in seqs]).astype(np.float64)
+    _, inv, count = np.unique(x, return_inverse=True, return_counts=True)
+    ranks = (np.cumsum(count) - (count - 1) / 2.0)[inv]  # ties share their mean rank
+    n1, n0 = int(y.sum()), int((~y).sum())
+    return float((ranks[y].sum() - n1 * (n1 + 1) / 2) / max(n1 * n0, 1))
+
+
 def rate(pairs) -> float:
     return sum(p[0] for p in pairs) / sum(p[1] for p in pairs)
 
@@ -235,14 +250,27 @@ def compare(group, cost: Cost, profile, width: int = 8) -> dict:
     rates["threshold"] = best_tau[1]
     rates["plugin, history only"] = rate(plugin(group, profile, cost, width, False))
     rates["plugin"] = rate(plugin(group, profile, cost, width))
+    rates["plugin, calibrated in advance"] = rate(plugin(group, profile, cost, width,
+                                                         calibrated=group))
     rates["oracle"] = rate([oracle(s, width, cost) for s in group])
     return rates
+
+
+def with_signal(seq: dict, signal: str) -> dict:
+    """``seq`` with ``signal`` as its confidence: the draft's top-1 probability
+    (``confidence``), its top-1 less top-2 probability (``margin``) or exp(-entropy)
+    (``entropy``: 1 when the draft is sure, as the others)."""
+    if signal == "confidence":
+        return seq
+    x = np.asarray(seq[signal], dtype=np.float64)
+    return dict(seq, confidence=(np.exp(-x) if signal == "entropy" else x).tolist())
 
 
 def replay(args) -> int:
     from vllm_specplug.controller.profile import StepProfile
 
-    seqs = [json.loads(line) for line in open(args.sequences) if line.strip()]
+    seqs = [with_signal(json.loads(line), args.signal)
+            for line in open(args.sequences) if line.strip()]
     belief = StepProfile.load(args.profile) if args.profile else None
     results = []
     for scale in (float(x) for x in args.pass_scales.split(",")):
@@ -256,15 +284,17 @@ def replay(args) -> int:
             results.append({"workload": workload, "prompts": len(group), "matched": matched,
                             "pass_scale": scale, "first_s": cost.first_s, "pass_s": cost.pass_s,
                             "plain_s": cost.plain_s, "best_static": best_k, "threshold": tau,
+                            "signal": args.signal, "auc": auc(group),
                             "rates": rates})
             print(f"[replay] {workload}, draft cost x{scale}: plugin "
                   f"{rates['plugin'] / rates[best_k]:.3f} of {best_k}", file=sys.stderr)
-    lines = [f"Sequences: `{args.sequences}`; the plugin's profile: "
-             f"{args.profile or 'the true step costs'}.", ""]
+    lines = [f"Sequences: `{args.sequences}`; the draft's signal: {args.signal}; the plugin's "
+             f"profile: {args.profile or 'the true step costs'}.", ""]
     for r in results:
         best = r["rates"][r["best_static"]]
         lines += [f"### {r['workload']}, draft cost x{r['pass_scale']}: {r['prompts']} prompts, "
-                  f"{r['matched']:.2f} of positions drafted right; step {r['plain_s']:.3f} s "
+                  f"{r['matched']:.2f} of positions drafted right (the signal's AUC "
+                  f"{r['auc']:.3f}); step {r['plain_s']:.3f} s "
                   f"plain, "
                   f"+{r['first_s']:.3f} s first pass, +{r['pass_s']:.3f} s each further pass",
                   "", "| policy | tokens/s | / plain | / best static K |", "|---|---|---|---|"]
@@ -327,6 +357,9 @@ def main(argv=None) -> int:
     q.add_argument("--pass-s", type=float, default=0.052)
     q.add_argument("--pass-scales", default="1",
                    help="comma-separated multiples of the draft's share of a step (default 1)")
+    q.add_argument("--signal", default="confidence", choices=("confidence", "margin", "entropy"),
+                   help="the draft's signal the plugin and the threshold read (default: its "
+                        "top-1 probability, what the plugin serves with)")
     q.add_argument("--out", default=None, help="write results.md, results.json and a plot here")
     args = p.parse_args(argv)
     return record(args) if args.cmd == "record" else replay(args)

@@ -177,6 +177,13 @@ def test_the_stop_replay_counts_steps_as_greedy_verification_does():
     assert sr.static(seq, 0, cost) == (6, 6.0)
     # The oracle: 2 drafts (1.75 s), then 3 from position 3 (2.0 s; the sequence ends).
     assert sr.oracle(seq, 8, cost) == (6, 3.75)
+    # The other signals stand in for the confidence, each 1 where the draft is sure.
+    seq.update(margin=[0.5] * 6, entropy=[0.0] * 6)
+    assert sr.with_signal(seq, "margin")["confidence"] == [0.5] * 6
+    assert sr.with_signal(seq, "entropy")["confidence"] == [1.0] * 6
+    assert sr.with_signal(seq, "confidence") is seq
+    # AUC: 1 where every accepted draft is surer than every rejected one, a half for a tie.
+    assert sr.auc([seq]) == 1.0 and sr.auc([{"match": [1, 0], "confidence": [0.5, 0.5]}]) == 0.5
 
 
 def test_the_stop_replay_on_the_kept_sequences():
@@ -195,6 +202,7 @@ def test_the_stop_replay_on_the_kept_sequences():
     best = max(v for k, v in rates.items() if k.startswith("static"))
     assert rates["plugin"] > max(best, rates["plugin, history only"])
     assert rates["oracle"] == max(rates.values())
+    assert best < rates["plugin, calibrated in advance"] < rates["oracle"]
 
 
 def test_the_validate_check_judges_starts_by_each_rule():
