@@ -188,7 +188,7 @@ def make_rule(B, cap):
     verified = np.full(EDGES.size + 1, 500.0)
     accepted = verified * np.array([0.15, 0.35, 0.55, 0.7, 0.8, 0.88, 0.93, 0.96, 0.98])
     return StopRule([f"r{i}" for i in range(B)], cond, np.full(B, cap, dtype=np.int64),
-                    accepted, verified, EDGES, 1e-9, 1e-9)
+                    accepted, verified, EDGES, np.full(1, 1e-9), 1e-9)
 
 
 def new_stopper(rule, batch_ids):

@@ -8,12 +8,12 @@ from vllm_specplug.controller.confidence import (PRIOR_WEIGHT, ConfidenceCalibra
                                                  DraftStopper, StopRule)
 
 
-def rule(cond, caps, slot_cut=0.0, pass_cut=0.0, cal=None, ids=None):
+def rule(cond, caps, slot_cuts=(0.0,), pass_cut=0.0, cal=None, ids=None):
     cond = np.asarray(cond, dtype=np.float64)
     cal = cal or ConfidenceCalibration(cond.shape[1])
     return StopRule(ids or [f"r{i}" for i in range(cond.shape[0])], cond,
                     np.asarray(caps, dtype=np.int64), *cal.observed(), cal.edges,
-                    slot_cut, pass_cut)
+                    np.asarray(slot_cuts, dtype=np.float64), pass_cut)
 
 
 def test_a_cold_calibration_leaves_the_history_estimate_as_it_is():
@@ -65,7 +65,7 @@ def test_only_the_accepted_drafts_and_the_first_rejection_are_outcomes():
 def test_a_request_stops_at_its_first_slot_that_does_not_pay():
     cal = ConfidenceCalibration(4)
     cal.observe([[0.05]] * 100, [0] * 100)  # a draft under 0.3 confidence is never accepted
-    r = rule([[0.9] * 4, [0.9] * 4], [4, 4], slot_cut=0.2, pass_cut=0.0, cal=cal)
+    r = rule([[0.9] * 4, [0.9] * 4], [4, 4], slot_cuts=[0.2], pass_cut=0.0, cal=cal)
     st = DraftStopper(r, np.array([0, 1]))
     assert st.after_position(np.array([0.99, 0.99]))
     assert st.after_position(np.array([0.99, 0.05]))  # row 1's second draft is hopeless
@@ -73,8 +73,34 @@ def test_a_request_stops_at_its_first_slot_that_does_not_pay():
     assert not st.active[1]
 
 
+def test_a_slot_is_priced_at_the_place_it_takes_in_the_step():
+    """The step's first verified drafts can cost nothing and the later ones much (a batch whose
+    verification is free up to some tokens): the surest slots take the cheap places, and a
+    doubtful one is kept only while a cheap place is left for it."""
+    cuts = [0.0, 0.0, 0.0, 0.7]
+    st = DraftStopper(rule([[0.6] * 4] * 3, [4, 4, 4], slot_cuts=cuts), np.array([0, 1, 2]))
+    # Three slots at 0.6 each take the three free places.
+    assert st.after_position(np.array([0.1, 0.1, 0.1]))
+    assert list(st.limits()) == [1, 1, 1]
+    # Their next slots (survival 0.36) would take places priced 0.7: none pays, none runs.
+    assert not st.after_position(np.array([0.1, 0.1, 0.1]))
+    assert list(st.limits()) == [1, 1, 1]
+    # With one place left free, the surest of two new slots takes it.
+    st = DraftStopper(rule([[0.6] * 4, [0.9] * 4], [4, 4], slot_cuts=[0.0, 0.0, 0.0, 0.7]),
+                      np.array([0, 1]))
+    st.after_position(np.array([0.1, 0.1]))
+    st.after_position(np.array([0.1, 0.1]))
+    # Places 1-2: 0.6 and 0.9; then 0.81 takes the free place 3 and 0.36 misses place 4's 0.7.
+    assert list(st.limits()) == [1, 2]
+    st = DraftStopper(rule([[0.6] * 4] * 2, [4, 4], slot_cuts=[0.0, 0.0, 0.0, 0.7]),
+                      np.array([0, 1]))
+    st.after_position(np.array([0.1, 0.1]))
+    st.after_position(np.array([0.1, 0.1]))
+    assert sorted(st.limits()) == [1, 2]  # 0.36 and 0.36: one free place, one at 0.7
+
+
 def test_the_loop_ends_when_no_next_position_pays_its_pass():
-    r = rule([[0.5] * 6], [6], slot_cut=0.0, pass_cut=0.3)
+    r = rule([[0.5] * 6], [6], pass_cut=0.3)
     st = DraftStopper(r, np.array([0]))
     # Survival 0.5; the next position adds 0.25 expected tokens < 0.3.
     assert not st.after_position(np.array([0.5]))

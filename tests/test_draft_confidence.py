@@ -92,7 +92,7 @@ def test_a_stop_that_keeps_nothing_offers_no_draft(perfect, plain, monkeypatch):
     def nothing_pays(self):
         rule = original(self)
         if rule is not None:
-            rule.slot_cut = 2.0  # no survival reaches it
+            rule.slot_cuts = np.full(1, 2.0)  # no survival reaches it
         return rule
 
     monkeypatch.setattr(SpecController, "stop_rule", nothing_pays)

@@ -20,11 +20,15 @@ survival of every request's slot is known from the confidences of its actual
 drafted tokens, and
 
 - a request keeps a slot while its survival pays for the slot's
-  verification (``slot_cut``: the rate times the slot's verify seconds),
-  up to its cap, and stops at the first slot that does not;
+  verification, up to its cap, and stops at the first slot that does not.
+  A slot's verification is priced where it falls: the step's m-th kept
+  draft costs what the m-th verified token adds to the step (``slot_cuts[m]``:
+  the rate times those seconds), so the surest of a position's new slots
+  take the cheapest places;
 - the next position runs while the slots it can add are worth its pass
-  (their expected survivals less ``slot_cut``, summed over the requests
-  still drafting, at least ``pass_cut``: the rate times the pass's seconds).
+  (their expected survivals less the price of the places they would take,
+  summed over the requests still drafting, at least ``pass_cut``: the rate
+  times the pass's seconds).
 
 A deeper slot's survival is never above the one before it, so a pass that
 does not pay now cannot be made to pay by the passes after it: stopping at
@@ -115,7 +119,7 @@ class StopRule:
     accepted: np.ndarray     # [bins]: the calibration's evidence
     verified: np.ndarray     # [bins]
     edges: np.ndarray
-    slot_cut: float          # survival a slot needs to pay its verification
+    slot_cuts: np.ndarray    # [m]: survival the step's (m+1)-th kept draft needs (the last repeats)
     pass_cut: float          # expected tokens a further position must add to pay its pass
 
 
@@ -152,14 +156,29 @@ class DraftStopper:
                                                    bins(self.rule.edges, conf), self.cond[:, j])
         else:
             self.survival = np.zeros_like(self.survival)
-        keep = (self.active & (self.survival > 0.0) & (self.survival >= self.rule.slot_cut)
-                & (j < self.caps))
+        keep = self.active & (self.survival > 0.0) & (j < self.caps)
+        keep[keep] = self._pays(self.survival[keep])
         self.kept[keep] = j + 1
         self.active = keep & (j + 1 < self.caps)
         if not self.active.any() or j + 1 >= width:
             return False
         nxt = self.survival[self.active] * self.cond[self.active, j + 1]
-        return float(np.maximum(nxt - self.rule.slot_cut, 0.0).sum()) >= self.rule.pass_cut
+        return float(np.maximum(nxt - self._cuts(nxt), 0.0).sum()) >= self.rule.pass_cut
+
+    def _cuts(self, survival: np.ndarray) -> np.ndarray:
+        """The price of the places ``survival``'s slots would take, surest first, after the
+        slots kept so far."""
+        cuts = np.asarray(self.rule.slot_cuts, dtype=np.float64)
+        if cuts.size == 0:
+            return np.zeros_like(survival)
+        order = np.argsort(-survival, kind="stable")
+        places = np.minimum(int(self.kept.sum()) + np.arange(survival.size), cuts.size - 1)
+        out = np.empty_like(survival)
+        out[order] = cuts[places]
+        return out
+
+    def _pays(self, survival: np.ndarray) -> np.ndarray:
+        return survival >= self._cuts(survival)
 
     def limits(self) -> np.ndarray:
         """Drafts each batch row may offer: its kept slots, -1 where unruled."""

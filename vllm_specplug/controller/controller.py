@@ -452,9 +452,11 @@ class SpecController:
         probing = self._probe_at[rows] == self.stats.steps - 1
         caps = np.where((k == 0) | probing, k, ceilings)
         n = int(k.sum())
-        ratio = pr.ratios(min(n + 2, pr.by_n.size))
-        nxt = min(n + 1, pr.by_n.size - 1, ratio.size - 1)
-        slot_s = max(float(pr.by_n[nxt] * ratio[nxt] - pr.by_n[n] * ratio[n]), 0.0)
+        # What each further verified draft adds to the step, up to every cap's worth.
+        m = min(max(int(caps.sum()), n) + 1, pr.by_n.size)
+        ratio = pr.ratios(m)
+        slot_s = np.maximum(np.diff(pr.by_n[:m] * ratio[:m]), 0.0)
+        n = min(n, ratio.size - 1)
         # The rate the argmax maximised: the plan's tokens over its decoding
         # seconds, the draft's unseen work owed per token.  Not the step's
         # predicted seconds: a prefill chunk's are the step's whatever is
@@ -464,7 +466,7 @@ class SpecController:
         rate = tokens / max(float(seconds) + pr.owed * tokens, 1e-12)
         return StopRule(list(req_ids), self.estimator.conditional(rows), caps.astype(np.int64),
                         *self.calibration.observed(), self.calibration.edges,
-                        slot_cut=rate * slot_s, pass_cut=rate * pr.draft_pass * ratio[n])
+                        slot_cuts=rate * slot_s, pass_cut=rate * pr.draft_pass * ratio[n])
 
     # -- probes ------------------------------------------------------------
     def _reset_probe(self, rows: np.ndarray) -> None:
