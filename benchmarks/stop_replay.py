@@ -20,7 +20,8 @@ match[t], confidence[t] for t >= 1; the prompt's step yields token 0; and, for o
 than the top-1 probability, the top-1 less the top-2 probability, the entropy, and the target's
 output token ids).
 
-``replay``: one request (c = 1) decoding each sequence, per policy, on a step-cost model:
+``replay``: the sequences decoded as requests, one at a time by default, per policy, on a
+step-cost model:
 plain (one token a step); static K = 1..8 (vLLM's: K drafts, K passes); the oracle (knows where
 the first rejection falls: drafts exactly the accepted run, none when the first draft fails); and
 the plugin (``SpecController`` with the served defaults and the step-cost profile as its belief,
@@ -29,13 +30,23 @@ as the scheduler does: verifications, confidences, the step's seconds).  The tru
 ``--plain-s`` for a plain step and ``--first-s + (passes - 1) * --pass-s`` more for a step that
 drafts (defaults: medians of the Qwen pair's served steps at one request on this machine, from the
 ``dedb02d`` grid's trace: K_step 1 at 0.191 s, K_step 8 at 0.553 s, plain 0.155 s);
-``--pass-scales 1,0.3`` multiplies the draft's share, for a cheaper (GPU-like) draft.  Output
+``--pass-scales 1,0.3`` multiplies the draft's share, for a cheaper (GPU-like) draft.
+``--costs PROFILE --concurrency 1,4,8``: several requests at once (the next starts when one ends),
+each step priced by a measured step-cost profile (the target over the step's tokens, the draft's
+passes at the batch size, the catch-up after plain steps; ``--step-overhead`` seconds more a step),
+the batch running its deepest request's passes; the plugin believes the same profile unless
+``--profile`` says otherwise.  ``--signal margin|entropy``: another of the recorded signals in the
+confidence's place.  The plugin also runs with its calibration given every position's outcome in
+advance (the signal's worth once calibration is not the limit).  Output
 tokens per second of decoding per policy, as a multiple of plain's and of the best static K's, per
 workload; ``--out DIR``: results.md, results.json and stop-replay.png there.
 What it leaves out: the prompt's step (the same for every policy but the passes it drafts), a
 confidence past the first rejection (the draft's own continuation is not recorded: the position's
-teacher-forced confidence stands in for it, which only decides whether a wasted pass runs), and
-bfloat16 (served) against float32 (here).
+teacher-forced confidence stands in for it, which only decides whether a wasted pass runs),
+bfloat16 (served) against float32 (here), and with ``--costs`` any cost the profile does not
+measure: the profile is both the world and the plugin's belief, and a dip in its token curve (8
+tokens measured faster than 4) is real to the static arms, while the plugin prices the running
+maximum.
 """
 
 from __future__ import annotations
@@ -113,11 +124,38 @@ def record(args) -> int:
 
 # -- replay ------------------------------------------------------------------
 class Cost:
+    """One request's step on a line: ``plain_s``, and a step that drafts ``first_s`` more for
+    its first pass and ``pass_s`` for each further one (the draft's share x ``scale``)."""
+
     def __init__(self, plain_s: float, first_s: float, pass_s: float, scale: float) -> None:
         self.plain_s, self.first_s, self.pass_s = plain_s, first_s * scale, pass_s * scale
 
-    def __call__(self, passes: int) -> float:
+    def __call__(self, tokens: int, batch: int, passes: int, catchup: int) -> float:
         return self.plain_s + (self.first_s + (passes - 1) * self.pass_s if passes > 0 else 0.0)
+
+    def profile(self):
+        """The same costs as a step-cost profile (the plugin's belief by default)."""
+        from vllm_specplug.controller.profile import StepProfile
+
+        return StepProfile([1, 64], [self.plain_s] * 2, [self.first_s] * 2, [1, 64],
+                           [self.pass_s] * 2, meta={"zero_cost_fallback": True})
+
+
+class ProfileCost:
+    """A batch's step as a measured step-cost profile prices it (``StepProfile.step``: the
+    target over the step's tokens, the draft's passes at its batch size, a catch-up over the
+    tokens the draft skipped), plus ``overhead`` seconds a step that the profile does not see."""
+
+    def __init__(self, path: str, overhead: float = 0.0) -> None:
+        from vllm_specplug.controller.profile import StepProfile
+
+        self.path, self._profile, self.overhead = path, StepProfile.load(path), overhead
+
+    def __call__(self, tokens: int, batch: int, passes: int, catchup: int) -> float:
+        return self._profile.step(tokens, batch, passes, catchup) + self.overhead
+
+    def profile(self):
+        return self._profile
 
 
 def run_length(match, t: int, limit: int) -> int:
@@ -127,40 +165,55 @@ def run_length(match, t: int, limit: int) -> int:
     return n
 
 
-def decode(match, cost: Cost, choose, observe=None) -> tuple[int, float]:
-    """One request through ``match``: ``choose(t)`` gives a step's (drafts offered, draft passes
-    run) at position ``t``; ``observe(t, offered, accepted, passes, seconds)`` sees its outcome.
-    A step yields its accepted drafts and the target's own next token, not past the end."""
-    t, tokens, seconds = 0, 0, 0.0
-    while t < len(match):
-        offered, passes = choose(t)
-        offered = min(offered, len(match) - t)
-        a = run_length(match, t, offered)
-        s = cost(passes)
+def decode(seqs, cost, choose, observe=None, concurrency: int = 1) -> tuple[int, float]:
+    """The sequences as requests, ``concurrency`` at a time (the next starts when one ends).
+    ``choose(active)`` gives a step's drafts offered per request and the draft passes it runs,
+    for ``active``, a list of [sequence index, position]; ``observe(active, offered, accepted,
+    passes, seconds)`` sees its outcome.  A step yields each request's accepted drafts and the
+    target's own next token, not past the sequence's end; a step that drafts also catches the
+    draft up on the tokens it skipped in plain steps (zero-cost fallback)."""
+    waiting, active = list(range(len(seqs))), []
+    tokens, seconds, skipped = 0, 0.0, {}
+    while waiting or active:
+        while waiting and len(active) < concurrency:
+            skipped[waiting[0]] = 0
+            active.append([waiting.pop(0), 0])
+        offered, passes = choose(active)
+        offered = [min(o, len(seqs[i]["match"]) - t) for o, (i, t) in zip(offered, active)]
+        accepted = [run_length(seqs[i]["match"], t, o) for o, (i, t) in zip(offered, active)]
+        catchup = sum(skipped[i] for i, _ in active) if passes > 0 else 0
+        s = cost(len(active) + sum(offered), len(active), passes, catchup)
         if observe is not None:
-            observe(t, offered, a, passes, s)
-        tokens, seconds, t = tokens + min(a + 1, len(match) - t), seconds + s, t + a + 1
+            observe(active, offered, accepted, passes, s)
+        seconds += s
+        for (i, t), a in zip(active, accepted):
+            got = min(a + 1, len(seqs[i]["match"]) - t)
+            tokens += got
+            skipped[i] = 0 if passes > 0 else skipped[i] + got
+        for row, a in zip(active, accepted):
+            row[1] += a + 1
+        active = [row for row in active if row[1] < len(seqs[row[0]]["match"])]
     return tokens, seconds
 
 
-def static(seq, k: int, cost: Cost) -> tuple[int, float]:
-    return decode(seq["match"], cost, lambda t: (k, k))
+def static(seqs, k: int, cost, concurrency: int = 1) -> tuple[int, float]:
+    return decode(seqs, cost, lambda active: ([k] * len(active), k), concurrency=concurrency)
 
 
-def oracle(seq, width: int, cost: Cost) -> tuple[int, float]:
-    def choose(t):
-        run = run_length(seq["match"], t, width)
-        return run, run
+def oracle(seqs, width: int, cost, concurrency: int = 1) -> tuple[int, float]:
+    def choose(active):
+        runs = [run_length(seqs[i]["match"], t, width) for i, t in active]
+        return runs, max(runs)
 
-    return decode(seq["match"], cost, choose)
+    return decode(seqs, cost, choose, concurrency=concurrency)
 
 
-def threshold(seq, tau: float, width: int, cost: Cost) -> tuple[int, float]:
-    """Draft while the draft's confidence is at least ``tau`` (up to ``width``): the
-    confidence signal alone, at a threshold picked afterwards (optimistic)."""
-    match, conf = seq["match"], seq["confidence"]
-
-    def choose(t):
+def threshold(seqs, tau: float, width: int, cost, concurrency: int = 1) -> tuple[int, float]:
+    """Each request drafts while the draft's confidence is at least ``tau`` (up to
+    ``width``); the batch runs its deepest request's passes.  The confidence signal alone, at
+    a threshold picked afterwards (optimistic)."""
+    def one(seq, t):
+        match, conf = seq["match"], seq["confidence"]
         passes = 0
         while passes < width and t + passes < len(match):
             passes += 1
@@ -168,14 +221,18 @@ def threshold(seq, tau: float, width: int, cost: Cost) -> tuple[int, float]:
                 return passes - 1, passes  # the doubtful draft is run, not offered
         return passes, passes
 
-    return decode(match, cost, choose)
+    def choose(active):
+        each = [one(seqs[i], t) for i, t in active]
+        return [o for o, _ in each], max(p for _, p in each)
+
+    return decode(seqs, cost, choose, concurrency=concurrency)
 
 
-def plugin(seqs, profile, cost: Cost, width: int, confidence: bool = True,
-           calibrated: list | None = None) -> list[tuple[int, float]]:
-    """The controller and the stop over the sequences in order, one request at a time;
-    ``calibrated``: sequences whose every position the calibration has seen before the first
-    step (with ``seqs`` themselves: the confidence's calibration known in advance, a bound)."""
+def plugin(seqs, profile, cost, width: int, confidence: bool = True,
+           calibrated: list | None = None, concurrency: int = 1) -> tuple[int, float]:
+    """The controller and the stop over the sequences, as the scheduler and the worker run
+    them; ``calibrated``: sequences whose every position the calibration has seen before the
+    first step (with ``seqs`` themselves: the calibration known in advance, a bound)."""
     from vllm_specplug.config import SpecPlugConfig
     from vllm_specplug.controller import SpecController
     from vllm_specplug.controller.confidence import DraftStopper
@@ -184,38 +241,52 @@ def plugin(seqs, profile, cost: Cost, width: int, confidence: bool = True,
     ctrl = SpecController(settings, profile)
     for seq in calibrated or []:  # each position as a one-draft verification
         ctrl.observe_confidence([[c] for c in seq["confidence"]], seq["match"])
-    out = []
-    for n, seq in enumerate(seqs):
-        rid = f"r{n}"
-        ctrl.add_request(rid)
-        match, conf = seq["match"], seq["confidence"]
+    started: set[int] = set()
+    pending = {"catchup": 0}
 
-        def choose(t):
-            left = len(match) - t  # max_tokens less the output so far (tokens 0..t)
-            d = ctrl.plan([rid], base_tokens=1, tokens_left=[left])
-            k_step = min(int(d.k_step), width)
-            rule = ctrl.stop_rule() if confidence else None
-            if rule is None or k_step <= 0:
-                return min(int(d.k[0]), k_step), k_step
-            k_step = min(max(k_step, int(rule.caps.max(initial=0))), width)
-            stopper = DraftStopper(rule, np.array([0]))
-            passes = 0
-            while passes < k_step:
-                j = min(t + passes, len(conf) - 1)
-                passes += 1
-                if not stopper.after_position(np.array([conf[j]])):
-                    break
-            return int(stopper.limits()[0]), passes
+    def choose(active):
+        for i, _ in active:
+            if i not in started:
+                started.add(i)
+                ctrl.add_request(f"r{i}")
+        rids = [f"r{i}" for i, _ in active]
+        # max_tokens less the output so far (tokens 0..t)
+        left = [len(seqs[i]["match"]) - t for i, t in active]
+        d = ctrl.plan(rids, base_tokens=len(rids), tokens_left=left,
+                      catchup_tokens=pending["catchup"],
+                      catchup_if_plain=pending["catchup"] + len(rids))
+        k_step = min(int(d.k_step), width)
+        rule = ctrl.stop_rule() if confidence else None
+        if rule is None or k_step <= 0:
+            return [min(int(k), k_step) for k in d.k], k_step
+        k_step = min(max(k_step, int(rule.caps.max(initial=0))), width)
+        stopper = DraftStopper(rule, np.arange(len(active)))
+        passes = 0
+        while passes < k_step:
+            conf = [seqs[i]["confidence"][min(t + passes, len(seqs[i]["confidence"]) - 1)]
+                    for i, t in active]
+            passes += 1
+            if not stopper.after_position(np.array(conf)):
+                break
+        return [int(x) for x in stopper.limits()], passes
 
-        def observe(t, offered, a, passes, seconds):
-            if offered > 0:
-                ctrl.observe_verifications([rid], [offered], [a])
-                ctrl.observe_confidence([conf[t:t + offered]], [a])
-            ctrl.observe_step(1, 1 + offered, passes, seconds)
+    def observe(active, offered, accepted, passes, seconds):
+        rids = [f"r{i}" for i, _ in active]
+        drafted = [n for n, o in enumerate(offered) if o > 0]
+        if drafted:
+            ctrl.observe_verifications([rids[n] for n in drafted], [offered[n] for n in drafted],
+                                       [accepted[n] for n in drafted])
+            ctrl.observe_confidence(
+                [seqs[active[n][0]]["confidence"][active[n][1]:active[n][1] + offered[n]]
+                 for n in drafted], [accepted[n] for n in drafted])
+        catchup = pending["catchup"] if passes > 0 else 0
+        ctrl.observe_step(len(active), len(active) + sum(offered), passes, seconds, catchup)
+        pending["catchup"] = 0 if passes > 0 else pending["catchup"] + len(active)
+        for (i, t), a in zip(active, accepted):
+            if t + a + 1 >= len(seqs[i]["match"]):
+                ctrl.finish_request(f"r{i}")
 
-        out.append(decode(match, cost, choose, observe))
-        ctrl.finish_request(rid)
-    return out
+    return decode(seqs, cost, choose, observe, concurrency)
 
 
 def auc(seqs) -> float:
@@ -229,30 +300,28 @@ def auc(seqs) -> float:
     return float((ranks[y].sum() - n1 * (n1 + 1) / 2) / max(n1 * n0, 1))
 
 
-def rate(pairs) -> float:
-    return sum(p[0] for p in pairs) / sum(p[1] for p in pairs)
+def rate(pair) -> float:
+    return pair[0] / pair[1]
 
 
-def compare(group, cost: Cost, profile, width: int = 8) -> dict:
+def compare(group, cost, profile, width: int = 8, concurrency: int = 1) -> dict:
     """Tokens per second of decoding, per policy, over one workload's sequences."""
-    from vllm_specplug.controller.profile import StepProfile
-
-    if profile is None:  # the plugin believes the true costs
-        profile = StepProfile([1, 64], [cost.plain_s] * 2, [cost.first_s] * 2, [1, 64],
-                              [cost.pass_s] * 2, meta={"zero_cost_fallback": True})
-    rates = {"plain": rate([static(s, 0, cost) for s in group])}
+    profile = profile or cost.profile()  # by default the plugin believes the true costs
+    n = concurrency
+    rates = {"plain": rate(static(group, 0, cost, n))}
     for k in range(1, width + 1):
-        rates[f"static K={k}"] = rate([static(s, k, cost) for s in group])
+        rates[f"static K={k}"] = rate(static(group, k, cost, n))
     taus = (0.3, 0.5, 0.7, 0.8, 0.9, 0.95)
-    best_tau = max((rate([threshold(s, x, width, cost) for s in group]), x) for x in taus)
+    best_tau = max((rate(threshold(group, x, width, cost, n)), x) for x in taus)
     # The name stays the same whichever threshold won (the plot's bars line up).
     rates[f"confidence threshold (best of {len(taus)})"] = best_tau[0]
     rates["threshold"] = best_tau[1]
-    rates["plugin, history only"] = rate(plugin(group, profile, cost, width, False))
-    rates["plugin"] = rate(plugin(group, profile, cost, width))
+    rates["plugin, history only"] = rate(plugin(group, profile, cost, width, False,
+                                                concurrency=n))
+    rates["plugin"] = rate(plugin(group, profile, cost, width, concurrency=n))
     rates["plugin, calibrated in advance"] = rate(plugin(group, profile, cost, width,
-                                                         calibrated=group))
-    rates["oracle"] = rate([oracle(s, width, cost) for s in group])
+                                                         calibrated=group, concurrency=n))
+    rates["oracle"] = rate(oracle(group, width, cost, n))
     return rates
 
 
@@ -272,31 +341,40 @@ def replay(args) -> int:
     seqs = [with_signal(json.loads(line), args.signal)
             for line in open(args.sequences) if line.strip()]
     belief = StepProfile.load(args.profile) if args.profile else None
+    loads = [int(x) for x in args.concurrency.split(",")]
+    if args.costs:
+        settings = [(f"{Path(args.costs).name}'s costs +{args.step_overhead:.3f} s a step, c={n}",
+                     ProfileCost(args.costs, args.step_overhead), n) for n in loads]
+    elif loads != [1]:
+        raise SystemExit("stop_replay.py: --concurrency above 1 needs --costs (a step-cost "
+                         "profile that prices a batch's steps)")
+    else:
+        settings = []
+        for scale in (float(x) for x in args.pass_scales.split(",")):
+            c = Cost(args.plain_s, args.first_s, args.pass_s, scale)
+            settings.append((f"draft cost x{scale}: step {c.plain_s:.3f} s plain, +{c.first_s:.3f}"
+                             f" s first pass, +{c.pass_s:.3f} s each further pass", c, 1))
     results = []
-    for scale in (float(x) for x in args.pass_scales.split(",")):
-        cost = Cost(args.plain_s, args.first_s, args.pass_s, scale)
+    for label, cost, n in settings:
         for workload in dict.fromkeys(s["workload"] for s in seqs):
             group = [s for s in seqs if s["workload"] == workload]
-            rates = compare(group, cost, belief)
+            rates = compare(group, cost, belief, concurrency=n)
             tau = rates.pop("threshold")
             best_k = max((v, k) for k, v in rates.items() if k.startswith("static"))[1]
             matched = sum(sum(s["match"]) for s in group) / sum(len(s["match"]) for s in group)
             results.append({"workload": workload, "prompts": len(group), "matched": matched,
-                            "pass_scale": scale, "first_s": cost.first_s, "pass_s": cost.pass_s,
-                            "plain_s": cost.plain_s, "best_static": best_k, "threshold": tau,
-                            "signal": args.signal, "auc": auc(group),
+                            "costs": label, "concurrency": n, "best_static": best_k,
+                            "threshold": tau, "signal": args.signal, "auc": auc(group),
                             "rates": rates})
-            print(f"[replay] {workload}, draft cost x{scale}: plugin "
+            print(f"[replay] {workload}, {label.split(':')[0]}: plugin "
                   f"{rates['plugin'] / rates[best_k]:.3f} of {best_k}", file=sys.stderr)
     lines = [f"Sequences: `{args.sequences}`; the draft's signal: {args.signal}; the plugin's "
              f"profile: {args.profile or 'the true step costs'}.", ""]
     for r in results:
         best = r["rates"][r["best_static"]]
-        lines += [f"### {r['workload']}, draft cost x{r['pass_scale']}: {r['prompts']} prompts, "
+        lines += [f"### {r['workload']}, {r['costs']}; {r['prompts']} prompts, "
                   f"{r['matched']:.2f} of positions drafted right (the signal's AUC "
-                  f"{r['auc']:.3f}); step {r['plain_s']:.3f} s "
-                  f"plain, "
-                  f"+{r['first_s']:.3f} s first pass, +{r['pass_s']:.3f} s each further pass",
+                  f"{r['auc']:.3f})",
                   "", "| policy | tokens/s | / plain | / best static K |", "|---|---|---|---|"]
         lines += [f"| {k} | {v:.2f} | {v / r['rates']['plain']:.3f} | {v / best:.3f} |"
                   for k, v in r["rates"].items()]
@@ -326,7 +404,7 @@ def plot(results: list[dict], path: Path) -> None:
         best = r["rates"][r["best_static"]]
         ys = [r["rates"][k] / best if k in r["rates"] else np.nan for k in names]
         xs = np.arange(len(names)) + i * width
-        ax.bar(xs, ys, width, label=f"{r['workload']}, draft cost x{r['pass_scale']}")
+        ax.bar(xs, ys, width, label=f"{r['workload']}, {r['costs'].split(':')[0]}")
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.axhline(1.08, color="grey", lw=0.8, ls="--")
     ax.set_xticks(np.arange(len(names)) + 0.4 - width / 2)
@@ -357,6 +435,14 @@ def main(argv=None) -> int:
     q.add_argument("--pass-s", type=float, default=0.052)
     q.add_argument("--pass-scales", default="1",
                    help="comma-separated multiples of the draft's share of a step (default 1)")
+    q.add_argument("--costs", default=None,
+                   help="a step-cost profile JSON as the true costs (a batch's steps priced by "
+                        "tokens, batch size, passes and catch-up; default: the line above)")
+    q.add_argument("--step-overhead", type=float, default=0.0,
+                   help="seconds added to every step priced by --costs (what a served step "
+                        "costs beyond the profile's passes)")
+    q.add_argument("--concurrency", default="1",
+                   help="comma-separated requests decoding at once (above 1 needs --costs)")
     q.add_argument("--signal", default="confidence", choices=("confidence", "margin", "entropy"),
                    help="the draft's signal the plugin and the threshold read (default: its "
                         "top-1 probability, what the plugin serves with)")

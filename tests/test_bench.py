@@ -172,11 +172,16 @@ def test_the_stop_replay_counts_steps_as_greedy_verification_does():
     cost = sr.Cost(plain_s=1.0, first_s=0.5, pass_s=0.25, scale=1.0)
     seq = {"match": [1, 1, 0, 1, 1, 1], "confidence": [0.99, 0.9, 0.2, 0.99, 0.99, 0.99]}
     # K=2: steps at 0 (2 accepted, 3 tokens), 3 (2, 3 tokens): 6 tokens in 2 steps of 1.75 s.
-    assert sr.static(seq, 2, cost) == (6, 3.5)
+    assert sr.static([seq], 2, cost) == (6, 3.5)
     # Plain: one token a step.
-    assert sr.static(seq, 0, cost) == (6, 6.0)
+    assert sr.static([seq], 0, cost) == (6, 6.0)
     # The oracle: 2 drafts (1.75 s), then 3 from position 3 (2.0 s; the sequence ends).
-    assert sr.oracle(seq, 8, cost) == (6, 3.75)
+    assert sr.oracle([seq], 8, cost) == (6, 3.75)
+    # Two requests at once: a step verifies both; the one that ends first leaves the other alone.
+    other = {"match": [0, 0, 0], "confidence": [0.1, 0.1, 0.1]}
+    assert sr.static([seq, other], 2, cost, concurrency=2) == (9, 5.25)
+    # The oracle runs the batch's deepest request's passes.
+    assert sr.oracle([seq, other], 8, cost, concurrency=2) == (9, 1.75 + 2.0 + 1.0)
     # The other signals stand in for the confidence, each 1 where the draft is sure.
     seq.update(margin=[0.5] * 6, entropy=[0.0] * 6)
     assert sr.with_signal(seq, "margin")["confidence"] == [0.5] * 6
