@@ -6,6 +6,7 @@ calibrates.  Greedy output is compared with plain decoding on every path,
 with stops forced at every position and with nothing kept at all.
 """
 
+import numpy as np
 import pytest
 
 from conftest import drafted_per_step, greedy, make_llm, scheduler_of, shutdown, token_ids
