@@ -149,7 +149,7 @@ class ProfileCost:
     def __init__(self, path: str, overhead: float = 0.0) -> None:
         from vllm_specplug.controller.profile import StepProfile
 
-        self.path, self._profile, self.overhead = path, StepProfile.load(path), overhead
+        self._profile, self.overhead = StepProfile.load(path), overhead
 
     def __call__(self, tokens: int, batch: int, passes: int, catchup: int) -> float:
         return self._profile.step(tokens, batch, passes, catchup) + self.overhead
@@ -186,11 +186,11 @@ def decode(seqs, cost, choose, observe=None, concurrency: int = 1) -> tuple[int,
         if observe is not None:
             observe(active, offered, accepted, passes, s)
         seconds += s
-        for (i, t), a in zip(active, accepted):
+        for row, a in zip(active, accepted):
+            i, t = row
             got = min(a + 1, len(seqs[i]["match"]) - t)
             tokens += got
             skipped[i] = 0 if passes > 0 else skipped[i] + got
-        for row, a in zip(active, accepted):
             row[1] += a + 1
         active = [row for row in active if row[1] < len(seqs[row[0]]["match"])]
     return tokens, seconds
@@ -242,7 +242,7 @@ def plugin(seqs, profile, cost, width: int, confidence: bool = True,
     for seq in calibrated or []:  # each position as a one-draft verification
         ctrl.observe_confidence([[c] for c in seq["confidence"]], seq["match"])
     started: set[int] = set()
-    pending = {"catchup": 0}
+    pending = 0  # tokens the draft skipped in plain steps, caught up by the next drafting one
 
     def choose(active):
         for i, _ in active:
@@ -252,9 +252,8 @@ def plugin(seqs, profile, cost, width: int, confidence: bool = True,
         rids = [f"r{i}" for i, _ in active]
         # max_tokens less the output so far (tokens 0..t)
         left = [len(seqs[i]["match"]) - t for i, t in active]
-        d = ctrl.plan(rids, base_tokens=len(rids), tokens_left=left,
-                      catchup_tokens=pending["catchup"],
-                      catchup_if_plain=pending["catchup"] + len(rids))
+        d = ctrl.plan(rids, base_tokens=len(rids), tokens_left=left, catchup_tokens=pending,
+                      catchup_if_plain=pending + len(rids))
         k_step = min(int(d.k_step), width)
         rule = ctrl.stop_rule() if confidence else None
         if rule is None or k_step <= 0:
@@ -271,6 +270,7 @@ def plugin(seqs, profile, cost, width: int, confidence: bool = True,
         return [int(x) for x in stopper.limits()], passes
 
     def observe(active, offered, accepted, passes, seconds):
+        nonlocal pending
         rids = [f"r{i}" for i, _ in active]
         drafted = [n for n, o in enumerate(offered) if o > 0]
         if drafted:
@@ -279,9 +279,9 @@ def plugin(seqs, profile, cost, width: int, confidence: bool = True,
             ctrl.observe_confidence(
                 [seqs[active[n][0]]["confidence"][active[n][1]:active[n][1] + offered[n]]
                  for n in drafted], [accepted[n] for n in drafted])
-        catchup = pending["catchup"] if passes > 0 else 0
-        ctrl.observe_step(len(active), len(active) + sum(offered), passes, seconds, catchup)
-        pending["catchup"] = 0 if passes > 0 else pending["catchup"] + len(active)
+        ctrl.observe_step(len(active), len(active) + sum(offered), passes, seconds,
+                          pending if passes > 0 else 0)
+        pending = 0 if passes > 0 else pending + len(active)
         for (i, t), a in zip(active, accepted):
             if t + a + 1 >= len(seqs[i]["match"]):
                 ctrl.finish_request(f"r{i}")
