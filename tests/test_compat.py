@@ -14,10 +14,10 @@ def test_the_probe_names_a_changed_signature_and_a_missing_field(monkeypatch):
     from vllm.v1.outputs import ModelRunnerOutput
 
     monkeypatch.setattr(Scheduler, "_free_request", lambda self, request: None)
-    monkeypatch.delitem(ModelRunnerOutput.__dataclass_fields__, "req_id_to_index")
+    monkeypatch.delitem(ModelRunnerOutput.__dataclass_fields__, "req_ids")
     missing = compat.probe()
     assert "Scheduler._free_request(delay_free_blocks)" in missing
-    assert "ModelRunnerOutput.req_id_to_index" in missing
+    assert "ModelRunnerOutput.req_ids" in missing
 
 
 def test_effective_k_step_honours_skip_drafts():
@@ -32,6 +32,11 @@ def test_block_hasher_arguments_follow_the_installed_signature(monkeypatch):
     from vllm.v1.core import kv_cache_utils
 
     cfg = SimpleNamespace(num_hash_lookahead_tokens=3)
+
+    def hasher_032(hash_block_size, caching_hash_fn):
+        return None
+
+    monkeypatch.setattr(kv_cache_utils, "get_request_block_hasher", hasher_032)
     assert compat.block_hasher_args(cfg) == ()  # vLLM 0.32: two arguments
 
     def hasher_033(hash_block_size, caching_hash_fn, num_hash_lookahead_tokens=0):

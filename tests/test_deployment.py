@@ -32,7 +32,7 @@ def vllm_config(method="draft_model", scheduler="vllm_specplug.AdaptiveSpecSched
 
 
 def test_zero_cost_fallback_applies_only_where_every_rank_can_skip(monkeypatch):
-    monkeypatch.setattr(deployment, "_on_cpu", lambda: True)
+    monkeypatch.setattr(deployment, "model_runner", lambda cfg: "cpu-v1")
     assert deployment.zero_cost_fallback_for(vllm_config(), True) == (True, "")
     for cfg, enabled, why in [
         (vllm_config(), False, "off in the plugin config"),
@@ -45,12 +45,13 @@ def test_zero_cost_fallback_applies_only_where_every_rank_can_skip(monkeypatch):
     ]:
         ok, reason = deployment.zero_cost_fallback_for(cfg, enabled)
         assert not ok and why in reason, (reason, why)
-    monkeypatch.setattr(deployment, "_on_cpu", lambda: False)
-    assert deployment.zero_cost_fallback_for(vllm_config(), True)[1].startswith("only checked")
+    for runner in ("cpu-v2", "gpu-v1", "gpu-v2", "other"):
+        monkeypatch.setattr(deployment, "model_runner", lambda cfg, r=runner: r)
+        assert "CPU V1 model runner only" in deployment.zero_cost_fallback_for(vllm_config(), True)[1]
 
 
 def test_the_plugin_config_flag_is_read_from_additional_config(monkeypatch):
-    monkeypatch.setattr(deployment, "_on_cpu", lambda: True)
+    monkeypatch.setattr(deployment, "model_runner", lambda cfg: "cpu-v1")
     cfg = vllm_config()
     assert deployment.plugin_zero_cost_fallback(cfg)[0]
     cfg.additional_config = {"specplug": {"zero_cost_fallback": False}}

@@ -76,9 +76,23 @@ class SyntheticRun(FakeEngine):
         self.produced: dict[str, int] = {}  # tokens each request yielded
         self.preempted = 0
         self.planned_seen: dict[str, list[int]] = {}
+        self.given = [0, 0]  # drafts this runner verified, and accepted
+        self.decided = None  # the K_step of the plan of the step just scheduled
+        sp = sched.specplug
+        if sp.enabled:
+            plan = sp.controller.plan
+
+            def recorded(*args, **kwargs):
+                self.decided = None
+                decision = plan(*args, **kwargs)
+                self.decided = min(int(decision.k_step), sp.num_spec_tokens)
+                return decision
+
+            sp.controller.plan = recorded
 
     def update(self, so, out):
         self.preempted += len(getattr(so, "preempted_req_ids", None) or ())
+        self.count_given(so, out)
         outputs = super().update(so, out)
         for eco in outputs.values():
             for o in eco.outputs:
@@ -86,8 +100,26 @@ class SyntheticRun(FakeEngine):
                                                + len(o.new_token_ids))
         return outputs
 
+    def count_given(self, so, out):
+        """Drafts this runner verified and accepted, for requests still live
+        when their output arrives (vLLM drops a finished request's output)."""
+        row = {rid: i for i, rid in enumerate(out.req_ids)}
+        for rid, spec in so.scheduled_spec_decode_tokens.items():
+            # V1 with synchronous scheduling pads with -1 where no draft was
+            # made; V2 and async scheduling send -1 placeholders for real ones.
+            if not spec or (spec[0] == -1 and not (self.is_async or self.v2)):
+                continue
+            request = self.sched.requests.get(rid)
+            sampled = out.sampled_token_ids[row[rid]]
+            if sampled and request is not None and not request.is_finished():
+                self.given[0] += len(spec)
+                self.given[1] += len(sampled) - 1
+
     def check(self, so):
         sp = self.sched.specplug
+        if sp.faults == 0 and self.decided is not None and not sp.k_step_pinned:
+            # K_step sent to the workers is the plan's.
+            assert so.num_spec_tokens_to_schedule == self.decided
         # Drafts verified in this step were planned when the previous step
         # was scheduled (sync: trimmed to k_r; async: placeholders of k_r).
         for rid in so.num_scheduled_tokens:
@@ -160,6 +192,9 @@ def test_invariants_mixed_batch(tiny_models, async_scheduling):
     sp = sched.specplug
     assert sp.controller.num_requests() == 0 and not sp.planned
     assert sp.controller.stats.drafted > 0 and sp.controller.pricer.correction.observations > 0
+    # What the controller learnt is what the runner verified and accepted.
+    stats = sp.controller.stats
+    assert [stats.drafted, stats.accepted] == run.given, (stats, run.given)
 
 
 def test_fault_in_controller_keeps_vllm_behaviour(tiny_models, async_scheduling):
@@ -538,19 +573,19 @@ def test_a_streaming_input_session_takes_its_updates_ceiling_and_frees_its_row(t
     assert ctrl.num_requests() == 0
 
 
-@pytest.mark.parametrize("runner", ["gpu-v2", "cpu-v2", "other"])
 def test_on_a_runner_it_was_not_checked_against_it_behaves_exactly_as_vllm(
-        tiny_models, monkeypatch, runner, caplog):
-    """vLLM's V2 model runner (its GPU default) and unknown platforms: one
-    warning, and vLLM's own K every step (nothing planned, nothing trimmed)."""
-    from vllm_specplug import deployment
+        tiny_models, monkeypatch, caplog):
+    """A platform other than CPU or CUDA: one warning, and vLLM's own K every
+    step (nothing planned, nothing trimmed)."""
+    from vllm_specplug import runners
 
-    monkeypatch.setattr(deployment, "model_runner", lambda vllm_config: runner)
+    monkeypatch.setattr(runners, "model_runner_name", lambda vllm_config: "other")
     with caplog.at_level("WARNING", logger="vllm.specplug"):
         sched = build_scheduler(tiny_models["target"], False)
     sp = sched.specplug
     assert not sp.enabled
-    assert ("V2 model runner" if runner.endswith("v2") else "not one the plugin") in sp.reason
+    assert "not one the plugin was checked against" in sp.reason
+    assert "VLLM_USE_V2_MODEL_RUNNER" not in sp.reason
     assert sum("inert" in r.getMessage() for r in caplog.records) == 1
     for i in range(3):
         sched.add_request(make_request(f"r{i}", 12))
@@ -565,10 +600,36 @@ def test_on_a_runner_it_was_not_checked_against_it_behaves_exactly_as_vllm(
     assert set(ks) == {CEILING}  # vLLM's K, every step
 
 
-def test_a_users_batch_size_table_of_k_pins_k_step():
+@pytest.mark.parametrize("runner,version,pinned", [
+    ("cpu-v1", "0.32.0", False), ("gpu-v1", "0.33.0", False),
+    ("gpu-v2", "0.32.0", True), ("gpu-v2", "0.33.0", True), ("gpu-v2", "0.34.0", False)])
+def test_k_step_is_pinned_where_the_drafter_runs_every_position(monkeypatch, runner, version,
+                                                                 pinned):
+    """draft_model: vLLM 0.32-0.33's V2 speculator drafts every position
+    whatever K_step says (the plugin adapts each request's k under the full
+    K); V1, and 0.34's autoregressive speculator, draft K_step positions."""
     from types import SimpleNamespace
 
+    from vllm_specplug import compat, runners
+    from vllm_specplug.deployment import pin_reason
+
+    monkeypatch.setattr(runners, "model_runner_name", lambda vllm_config: runner)
+    monkeypatch.setattr(compat, "vllm_version", lambda: version)
+    cfg = SimpleNamespace(speculative_config=SimpleNamespace(method="draft_model"),
+                          parallel_config=SimpleNamespace(data_parallel_size=1))
+    why = pin_reason(cfg)
+    assert (why is not None) == pinned, why
+    if pinned:
+        assert "drafts every position" in why
+
+
+def test_a_users_batch_size_table_of_k_pins_k_step(monkeypatch):
+    from types import SimpleNamespace
+
+    from vllm_specplug import runners
     from vllm_specplug.deployment import k_step_pinned_for
+
+    monkeypatch.setattr(runners, "model_runner_name", lambda vllm_config: "cpu-v1")
 
     def config(table=None, method="draft_model"):
         return SimpleNamespace(

@@ -13,11 +13,12 @@ import importlib
 import importlib.metadata
 import inspect
 
-# Versions this adapter is tested against (CPU build, in CI), and the range
-# whose scheduler, async scheduler, SchedulerOutput, engine core and draft
-# proposer sources were read against what it relies on (0.32 and 0.33).
-TESTED_VLLM = ("0.32.0",)
-SUPPORTED_RANGE = ">=0.32,<0.34"
+# Versions this adapter is tested against in CI: the CPU build's engine (V1
+# and V2 runners), and vLLM 0.34.0's scheduler (no engine).  The range the
+# GPU extra admits has no upper bound, so installing the plugin never
+# replaces the vLLM a user has; a newer vLLM is probed at start-up instead.
+TESTED_VLLM = ("0.32.0", "0.34.0")
+SUPPORTED_RANGE = ">=0.32"
 
 
 def vllm_version() -> str | None:
@@ -89,7 +90,8 @@ def probe() -> list[str]:
             missing.append("vllm.v1.outputs.DraftTokenIds")
         elif [f.name for f in dataclasses.fields(draft_ids)][:2] != ["req_ids", "draft_token_ids"]:
             missing.append("DraftTokenIds(req_ids, draft_token_ids)")
-        for name in ("sampled_token_ids", "req_id_to_index"):
+        # vLLM 0.34 dropped req_id_to_index (runners.RunnerAdapter.index).
+        for name in ("req_ids", "sampled_token_ids"):
             if name not in _fields(getattr(outputs, "ModelRunnerOutput", None)):
                 missing.append(f"ModelRunnerOutput.{name}")
     except Exception:

@@ -64,38 +64,46 @@ def uses_plugin_scheduler(vllm_config) -> bool:
 def k_step_pinned_for(vllm_config) -> bool:
     """Whether K_step must stay at num_speculative_tokens.
 
-    Proposers that need a fixed K, data-parallel ranks, which may step in
+    Proposers that need a fixed K, or that run every position whatever
+    K_step says (``runners.RunnerAdapter.drafter_follows_k_step``: a smaller
+    K_step would save them nothing), data-parallel ranks, which may step in
     lockstep (MoE), where a different number of draft passes per rank would
     hang their collectives, and a deployment that gives vLLM a batch-size
     table of K (``num_speculative_tokens_per_batch_size``).
     """
+    return pin_reason(vllm_config) is not None
+
+
+def pin_reason(vllm_config) -> str | None:
+    """Why K_step stays at num_speculative_tokens here, or None (it adapts)."""
+    from vllm_specplug.runners import runner_for
+
     spec = vllm_config.speculative_config
     method = getattr(spec, "method", None)
     dp = getattr(vllm_config.parallel_config, "data_parallel_size", 1) or 1
+    if dp > 1:
+        return "data_parallel_size > 1: ranks step in lockstep"
     # A batch-size table of the user's (vLLM's dynamic K) sets K_step itself.
-    table = getattr(spec, "num_speculative_tokens_per_batch_size", None)
-    return method not in ADAPTIVE_K_STEP_METHODS or dp > 1 or bool(table)
-
-
-# Model runners the plugin adapts K on: the CPU build's V1 runner (tested)
-# and the GPU V1 runner (checked against vLLM 0.32/0.33's source).  On the
-# V2 runner (vLLM's GPU default) the drafter's fused graph runs every
-# position whatever K_step says and only full-K decode steps are captured:
-# a smaller K_step saves nothing there, so the plugin stays out of the way.
-ADAPTED_RUNNERS = frozenset({"cpu-v1", "gpu-v1"})
+    if getattr(spec, "num_speculative_tokens_per_batch_size", None):
+        return "num_speculative_tokens_per_batch_size sets K_step"
+    runner = runner_for(vllm_config)
+    if not runner.drafter_follows_k_step(method):
+        if runner.is_v2:
+            return (f"the {runner.name} runner's {method} speculator drafts every position "
+                    f"whatever K_step says")
+        return f"method {method!r} needs a fixed K"
+    return None
 
 
 def runner_refusal(vllm_config) -> str | None:
     """Why the plugin leaves this engine to vLLM's own behaviour, or None."""
-    runner = model_runner(vllm_config)
-    if runner in ADAPTED_RUNNERS:
+    from vllm_specplug.runners import runner_for
+
+    if runner_for(vllm_config).supported:
         return None
-    if runner.endswith("-v2"):
-        return ("vLLM's V2 model runner is in use: its draft model runs every position and "
-                "captures decode graphs for the full K only, so a per-step K would save "
-                "nothing (set VLLM_USE_V2_MODEL_RUNNER=0 for the V1 runner, which the plugin "
-                "adapts)")
-    return "this platform's model runner is not one the plugin was checked against"
+    return ("this platform's model runner is not one the plugin was checked against "
+            "(CPU or CUDA, V1 or V2); vLLM's own speculative decoding runs unchanged "
+            "(every request drafts num_speculative_tokens)")
 
 
 def graph_note(vllm_config) -> str | None:
@@ -120,28 +128,10 @@ def graph_note(vllm_config) -> str | None:
 
 
 def model_runner(vllm_config) -> str:
-    """The workers' model runner: ``"cpu-v1"``, ``"gpu-v1"``, ``"gpu-v2"`` or ``"other"``.
+    """The workers' model runner (``runners.model_runner_name``)."""
+    from vllm_specplug.runners import model_runner_name
 
-    vLLM picks it from the config alone (``VllmConfig.use_v2_model_runner``,
-    read by the workers of the CPU and CUDA platforms), so the scheduler's
-    process knows it at start-up.
-    """
-    try:
-        from vllm.platforms import current_platform
-
-        if current_platform.is_cpu():
-            device = "cpu"
-        elif current_platform.is_cuda_alike():
-            device = "gpu"
-        else:
-            return "other"
-    except Exception:
-        return "other"
-    try:
-        v2 = bool(vllm_config.use_v2_model_runner)
-    except Exception:
-        return "other"
-    return f"{device}-{'v2' if v2 else 'v1'}"
+    return model_runner_name(vllm_config)
 
 
 def _on_cpu() -> bool:
@@ -172,13 +162,13 @@ def zero_cost_fallback_for(vllm_config, enabled: bool) -> tuple[bool, str]:
         return False, "zero_cost_fallback is off in the plugin config"
     if not uses_plugin_scheduler(vllm_config):
         return False, "the scheduler is not vllm_specplug's"
+    if model_runner(vllm_config) != "cpu-v1":
+        return False, "the patch exists for vLLM's CPU V1 model runner only"
     if k_step_pinned_for(vllm_config):
         return False, "K_step is pinned (data parallelism)"
     par = vllm_config.parallel_config
     if (getattr(par, "pipeline_parallel_size", 1) or 1) > 1:
         return False, "pipeline parallelism"
-    if not _on_cpu():
-        return False, "only checked on vLLM's CPU (V1) model runner"
     model = vllm_config.model_config
     draft = getattr(spec, "draft_model_config", None)
     if draft is not None and _vocab(draft) != _vocab(model):

@@ -42,10 +42,11 @@ from vllm_specplug.deployment import (
     ZERO_COST_OUTPUT_ATTR,
     catch_up_tokens,
     graph_note,
-    k_step_pinned_for,
+    pin_reason,
     runner_refusal,
     zero_cost_fallback_for,
 )
+from vllm_specplug.runners import runner_for
 from vllm_specplug.config import (
     SpecPlugConfig,
     SpecPlugRequestError,
@@ -119,11 +120,11 @@ class AdaptiveSpecState:
         # lockstep (MoE, expert parallel) still see the real size.  Those run
         # collectives in every forward pass, the draft's included, so every
         # rank must run the same number of draft passes: K_step stays fixed
-        # and only per-request k adapts.
-        dp = getattr(vllm_config.parallel_config, "data_parallel_size", 1) or 1
-        self.k_step_pinned = k_step_pinned_for(vllm_config)
-        self.pin_reason = ("data_parallel_size > 1: ranks step in lockstep" if dp > 1 else
-                           f"method {self.method!r} needs a fixed K")
+        # and only per-request k adapts.  So does a proposer that drafts
+        # every position whatever K_step says (deployment.pin_reason).
+        self.runner = runner_for(vllm_config)
+        self.pin_reason = pin_reason(vllm_config) or ""
+        self.k_step_pinned = bool(self.pin_reason)
         self.is_async = isinstance(scheduler, AsyncScheduler)
         # Zero-cost fallback (patches/draft_model_skip.py): the worker skips
         # the draft model at K_step=0 and catches up before the next K_step>0.
@@ -163,6 +164,7 @@ class AdaptiveSpecState:
         deployment may use it, and what travels between worker and scheduler."""
         par = self.vllm_config.parallel_config
         self.confidence_stop = (self.config.draft_confidence and self.method == "draft_model"
+                                and self.runner.worker_patches
                                 and not self.is_async and not self.k_step_pinned
                                 and int(getattr(par, "tensor_parallel_size", 1) or 1) == 1
                                 and self.config.policy == "goodput")
@@ -565,7 +567,7 @@ class _AdaptiveSpecMixin:
         confs_accepted: list[int] = []
         ctrl = sp.controller
         sampled = model_runner_output.sampled_token_ids
-        index = model_runner_output.req_id_to_index
+        index = sp.runner.index(model_runner_output)
         is_async = sp.is_async
         rids: list[str] = []
         drafted: list[int] = []
@@ -584,12 +586,8 @@ class _AdaptiveSpecMixin:
             offered = len(spec) - invalid.get(rid, 0)
             if verified is not None:
                 verified[rid] = [offered, len(sampled[idx]) - 1]
-            if spec[0] == -1 and not is_async:
-                # Sync mode: vLLM's own padding placeholders (no real draft
-                # behind them).  Async mode: every entry is a placeholder the
-                # worker fills with the previous step's drafts, so count them.
-                continue
-            if offered <= 0:
+            if sp.runner.real_drafts(spec, is_async) == 0 or offered <= 0:
+                # V1, sync: vLLM's own padding placeholders, no draft behind them.
                 continue
             conf = sp.offered_conf.pop(rid, None)
             if conf is not None and len(conf) >= offered:

@@ -372,6 +372,10 @@ class FakeEngine:
 
         self.sched, self.accepts, self.profile = sched, accepts, profile
         self.is_async = isinstance(sched, AsyncScheduler)
+        # Runner outputs shaped as this vLLM's runner makes them.
+        from vllm_specplug.runners import runner_for
+
+        self.v2 = runner_for(sched.vllm_config).is_v2
         sp = getattr(sched, "specplug", None)
         self.sp = sp if sp is not None and sp.enabled else None
         self.pending = None
@@ -393,9 +397,10 @@ class FakeEngine:
             spec = so.scheduled_spec_decode_tokens.get(rid, [])
             a = min(max(int(self.accepts[rid](len(spec))), 0), len(spec)) if spec else 0
             sampled.append([SAMPLED_TOKEN] * (a + 1))
-        return ModelRunnerOutput(req_ids=req_ids,
-                                 req_id_to_index={r: i for i, r in enumerate(req_ids)},
-                                 sampled_token_ids=sampled)
+        shape = {"req_ids": req_ids, "sampled_token_ids": sampled}
+        if "req_id_to_index" in ModelRunnerOutput.__dataclass_fields__:  # vLLM < 0.34
+            shape["req_id_to_index"] = {r: i for i, r in enumerate(req_ids)}
+        return ModelRunnerOutput(**shape)
 
     def advance(self, so) -> None:
         """The step's time passes between its scheduling and its output."""
@@ -442,8 +447,11 @@ class FakeEngine:
                 decoding = [r for r in so.num_scheduled_tokens
                             if r in sched.requests and not sched.requests[r].is_finished()]
                 t0 = time.perf_counter()
+                # V1 hands back the drafts; V2 keeps them on the device and
+                # hands back -1 placeholders (DraftTokensHandler).
+                token = -1 if self.v2 else SAMPLED_TOKEN
                 sched.update_draft_token_ids(
-                    DraftTokenIds(decoding, [[SAMPLED_TOKEN] * k for _ in decoding]))
+                    DraftTokenIds(decoding, [[token] * k for _ in decoding]))
                 self.seconds["drafts"] = time.perf_counter() - t0
         self.steps += 1
         return so
