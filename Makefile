@@ -39,7 +39,8 @@ test: venv $(SIDE)/.complete
 	$(BIN)/python -m pytest -q --durations=15 tests
 	SPECPLUG_SUITE=engine_v2 $(BIN)/python -m pytest -q --durations=5 tests/engine_v2
 	SPECPLUG_SUITE=vllm034 PYTHONPATH=$(SIDE) $(BIN)/python -m pytest -q \
-	  tests/test_scheduler_level.py tests/test_compat.py tests/test_deployment.py tests/test_config.py
+	  tests/test_scheduler_level.py tests/test_compat.py tests/test_deployment.py tests/test_config.py \
+	  tests/test_patches.py
 
 # Controller and config only: no engine, a few seconds.
 test-fast: venv

@@ -96,3 +96,13 @@ def test_the_import_graph_runs_one_way(module):
     assert not bad, bad
     if module != "config.py":  # config builds the controller's settings
         assert not {m for m in _imports(PKG / module) if ".controller" in m}
+
+
+def test_vllms_adaptive_verification_leaves_k_to_vllm(monkeypatch):
+    """One controller per K: with vLLM's adaptive verification on, the plugin
+    is inert; the reason names the setting and never asks for the V1 runner."""
+    cfg = vllm_config()
+    assert deployment.runner_refusal(cfg) is None
+    cfg.speculative_config.enable_adaptive_verification = True
+    why = deployment.runner_refusal(cfg)
+    assert "enable_adaptive_verification" in why and "VLLM_USE_V2_MODEL_RUNNER" not in why

@@ -99,6 +99,14 @@ def runner_refusal(vllm_config) -> str | None:
     """Why the plugin leaves this engine to vLLM's own behaviour, or None."""
     from vllm_specplug.runners import runner_for
 
+    spec = getattr(vllm_config, "speculative_config", None)
+    if getattr(spec, "enable_adaptive_verification", False):
+        # One controller per K: vLLM's trims each request's drafts on the
+        # device after the scheduler's choice, and the trimmed drafts reach
+        # the scheduler as rejections, which the plugin would learn as such.
+        return ("vLLM's adaptive verification is on (enable_adaptive_verification): it "
+                "decides how many drafts each request verifies, so the plugin leaves K to "
+                "vLLM")
     if runner_for(vllm_config).supported:
         return None
     return ("this platform's model runner is not one the plugin was checked against "
@@ -109,22 +117,25 @@ def runner_refusal(vllm_config) -> str | None:
 def graph_note(vllm_config) -> str | None:
     """What CUDA graphs the plugin's steps lose on this engine, or None.
 
-    On the V1 GPU runner vLLM captures full graphs only for steps where every
-    request verifies exactly K drafts (``uniform_decode_query_len``); a step
-    the plugin plans at a smaller K_step, or with fewer drafts for some
-    request, runs piecewise graphs (or none under ``FULL_DECODE_ONLY``), as
-    vLLM's own dynamic K does.  The start-up profile times the steps as they
-    run, so the policy prices them so; the user is told once."""
-    if model_runner(vllm_config) != "gpu-v1":
+    On the GPU runners vLLM captures full decode graphs for steps where every
+    request verifies the same number of drafts, K (V1:
+    ``uniform_decode_query_len``; V2: ``get_decode_cudagraph_query_lens``,
+    per K only with vLLM's own K table).  A step the plugin plans at a
+    smaller K_step, or with fewer drafts for some request, runs piecewise
+    graphs (or none under ``FULL_DECODE_ONLY``), as vLLM's own dynamic K
+    does; on V2 a draft loop captured whole for K still replays all K
+    positions.  The user is told once."""
+    runner = model_runner(vllm_config)
+    if runner not in ("gpu-v1", "gpu-v2"):
         return None
     comp = getattr(vllm_config, "compilation_config", None)
     mode = getattr(getattr(comp, "cudagraph_mode", None), "name", "NONE")
     if mode in ("NONE", None):
         return None
-    return (f"CUDA graph mode {mode} on the V1 GPU runner: steps where the plugin drafts fewer "
-            f"than num_speculative_tokens for some request run without full CUDA graphs "
-            f"(piecewise or eager), as vLLM's own dynamic K; the start-up profile times them "
-            f"as they run and the policy prices them so")
+    return (f"CUDA graph mode {mode} on the {runner} runner: steps where the plugin drafts "
+            f"fewer than num_speculative_tokens for some request run without full CUDA "
+            f"graphs (piecewise or eager), as vLLM's own dynamic K; the start-up profile "
+            f"times them as they run and the policy prices them so")
 
 
 def model_runner(vllm_config) -> str:

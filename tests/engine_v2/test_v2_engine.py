@@ -148,3 +148,28 @@ def test_preemption_chunked_prefill_and_prefix_caching_keep_output_exact(tiny_mo
         assert sched.specplug.controller.num_requests() == 0
     finally:
         shutdown(llm)
+
+
+def test_the_startup_profile_runs_on_the_v2_runner(tiny_models, plain, monkeypatch):
+    """The start-up profile's mechanism on the V2 runner: dummy steps through
+    the engine's executor, no step verifying more drafts than the one before
+    proposed (the bench raises ``ProfileSequenceError`` otherwise), a profile
+    attached to the scheduler, output unchanged.  Here K_step is made to adapt
+    as on vLLM 0.34, whose ``draft_model`` speculator drafts K_step positions;
+    0.32's drafts every position, so its times say nothing of K_step (and the
+    interpreter's are no device's): the numbers are not checked."""
+    from vllm_specplug import runners
+
+    monkeypatch.setattr(runners.RunnerAdapter, "drafter_follows_k_step",
+                        lambda self, method: True)
+    llm = make_llm(tiny_models["target"], speculative=draft_model(tiny_models["target"]),
+                   specplug={"profile": "auto"}, max_num_seqs=2)
+    try:
+        sp = scheduler_of(llm).specplug
+        assert sp.enabled and not sp.k_step_pinned
+        assert sp.profile.meta.get("source") == "measured", sp.profile.meta
+        assert sp.profile.meta["shapes"] > 0 and list(sp.profile.batch) == [1, 2]
+        outs = llm.generate(PROMPTS[:2], greedy(LONG), use_tqdm=False)
+        assert token_ids(outs) == plain["prompts"][:2]
+    finally:
+        shutdown(llm)

@@ -33,6 +33,14 @@ def install_once(name: str, owner: Callable[[], Any],
     why = None
     try:
         target = owner()
+    except ModuleNotFoundError as exc:
+        # The code this patch wraps is not in this vLLM (0.34 removed V1's
+        # proposers with the V1 runner): nothing there to patch, said once.
+        why = f"{exc.name} is not in this vLLM"
+        logger.info("vllm-specplug: patch %s not needed: %s", name, why)
+        _RESULTS[name] = why
+        return why
+    try:
         missing = [attr for attr in wrappers if getattr(target, attr, None) is None]
         if missing:
             why = f"{getattr(target, '__name__', target)} has no {', '.join(missing)}"

