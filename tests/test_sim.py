@@ -587,3 +587,32 @@ def test_cpu_calibration_error_is_stated_and_small():
     # run of this controller in that shape can check yet.
     signed = [r["error"] for r in rows if not r["fitted"]]
     assert len(adaptive) == 2 and min(signed) > -0.15
+
+
+# -- vLLM's own V2 policies ---------------------------------------------------------
+@pytest.mark.parametrize("policy", ["v2-av", "goodput-pinned"])
+def test_v2_arms_draft_the_full_k_and_verify_per_request(policy):
+    """vLLM's adaptive verification and the plugin pinned at the ceiling (vLLM
+    0.32-0.33's V2 ``draft_model``): the drafter runs the full K every step;
+    each request verifies only what its arm grants (fewer on hard drafts at
+    a compute-bound batch than on easy ones at one request)."""
+    width = make_setup("70b-1b").max_k
+    hard = run_cell(CellSpec("70b-1b", "hard", policy, 256, 0, **FAST))
+    easy = run_cell(CellSpec("70b-1b", "easy", policy, 1, 0, **FAST))
+    assert hard["mean_k_step"] == easy["mean_k_step"] == width
+    assert hard["mean_k"] < easy["mean_k"] <= width, (hard["mean_k"], easy["mean_k"])
+
+
+def test_the_v2_summary_reports_the_plugin_against_vllms_arms():
+    specs = [CellSpec("70b-1b", "mixed", p, c, 0, **FAST)
+             for p in ("plain", "static-4", "table", "v2-av", "goodput", "goodput-pinned")
+             for c in (1, 16)]
+    from vllm_specplug.tools.sim.report import v2_markdown
+
+    agg = aggregate(run_sweep(specs, jobs=1, progress=False))
+    rows = summarize(agg)["rows"]
+    for r in rows:
+        for mine, theirs in (("goodput", "v2-av"), ("goodput-pinned", "table")):
+            assert r[f"{mine}_vs_{theirs}"] == pytest.approx(r[mine] / r[theirs])
+    text = "\n".join(v2_markdown(agg, rows))
+    assert "goodput / v2-av" in text and "goodput-pinned / table" in text

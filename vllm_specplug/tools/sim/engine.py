@@ -60,7 +60,7 @@ from vllm_specplug.tools.sim.trace import Trace, TraceRequest
 
 STATIC_KS = (1, 2, 4, 8)
 POLICIES = ("plain",) + tuple(f"static-{k}" for k in STATIC_KS) + (
-    "table", "heuristic", "goodput", "oracle")
+    "table", "v2-av", "heuristic", "goodput", "goodput-pinned", "oracle")
 CONTROLLER_POLICIES = ("heuristic", "goodput")
 
 
@@ -138,11 +138,14 @@ class Table(Policy):
 
 class Controller(Policy):
     """The real controller, driven as the scheduler drives it, from a
-    profile measured on the engine (``profile``) or measured here."""
+    profile measured on the engine (``profile``) or measured here.
+    ``pinned``: K_step stays at the ceiling and only each request's k
+    adapts, as the plugin runs where the drafter drafts every position
+    whatever K_step says (vLLM 0.32-0.33's V2 ``draft_model``)."""
 
     def __init__(self, setup: Setup, policy: str, static_k: int | None = None,
                  profile: StepProfile | None = None, rng: np.random.Generator | None = None,
-                 clock: StepClock | None = None) -> None:
+                 clock: StepClock | None = None, pinned: bool = False) -> None:
         if profile is None:
             profile = measure_profile(setup, rng if rng is not None else np.random.default_rng(0),
                                       clock)
@@ -150,11 +153,13 @@ class Controller(Policy):
             ControllerSettings(max_k=setup.max_k, policy=policy, static_k=static_k),
             profile=profile)
         self.max_k = setup.max_k
+        self.pinned = pinned
         self.violations = 0
 
     def decide(self, engine, dec, base_tokens):
         ids = [engine.names[s] for s in dec.tolist()]
         d = self.controller.plan(ids, base_tokens=base_tokens,
+                                 fixed_k_step=self.max_k if self.pinned else None,
                                  catchup_tokens=engine.catchup_pending,
                                  tokens_left=engine.left[dec],
                                  catchup_if_plain=engine.catchup_if_plain)
@@ -187,11 +192,15 @@ class Oracle(Policy):
     cold steps and stalls: an upper bound in spirit, not per realisation.
     """
 
+    # The K_step values it chooses from (None: 0 to the ceiling).
+    k_steps: tuple[int, ...] | None = None
+
     def decide(self, engine, dec, base_tokens):
         n = len(dec)
-        if n == 0:
-            return 0, np.zeros(0, dtype=np.int64)
         cost, width = engine.cost, engine.setup.max_k
+        full = self.k_steps is not None
+        if n == 0:
+            return (width if full else 0), np.zeros(0, dtype=np.int64)
         surv = engine.acc.survival(dec)
         ctx = engine.ctx[dec].astype(float)
         t0, kv0, pairs0, emit0 = engine.step_base
@@ -205,12 +214,12 @@ class Oracle(Policy):
 
         plain = float(cost.target_pass(t0, kv0, pairs0, shape=shape)
                       + cost.draft_time(0, t0, n, kv0, pairs0, ctx_sum, shape))
-        best = (score(emit0, plain), 0, 0, None)
+        best = (-np.inf if full else score(emit0, plain), 0, 0, None)
         pos = np.tile(np.arange(width), n)
         rows = np.repeat(np.arange(n), width)
         s_flat = surv.ravel()
         ctx_flat = ctx[rows] + pos + 1
-        for c in range(1, width + 1):
+        for c in (self.k_steps if full else range(1, width + 1)):
             m = pos < c
             order = np.argsort(-s_flat[m], kind="stable")
             gain = np.concatenate(([0.0], np.cumsum(s_flat[m][order])))
@@ -225,11 +234,26 @@ class Oracle(Policy):
                 best = (float(val[i]), c, i, (m, order))
         _, c, count, sel = best
         if count == 0:
-            return 0, np.zeros(n, dtype=np.int64)
+            return c, np.zeros(n, dtype=np.int64)
         m, order = sel
         chosen = rows[m][order[:count]]
         k = np.bincount(chosen, minlength=n).astype(np.int64)
-        return int(k.max()), k
+        return (c if full else int(k.max())), k
+
+
+class AdaptiveVerification(Oracle):
+    """vLLM's V2 adaptive verification (``enable_adaptive_verification``), at its best.
+
+    The drafter drafts the full K every step (vLLM's K, not trimmed); each
+    request then verifies the drafts its confidence and vLLM's start-up cost
+    curves say pay.  Here the confidence is perfectly calibrated (the true
+    acceptance probability of every position) and the cost curves exact (the
+    engine's own prices): the oracle's choice of verified drafts with K_step
+    fixed at K.  An upper bound of what vLLM's feature can do on these prices.
+    """
+
+    def __init__(self, max_k: int) -> None:
+        self.k_steps = (max_k,)
 
 
 def make_policy(name: str, setup: Setup, rng: np.random.Generator | None = None,
@@ -247,8 +271,12 @@ def make_policy(name: str, setup: Setup, rng: np.random.Generator | None = None,
                      setup.max_k)
     if name in CONTROLLER_POLICIES:
         return Controller(setup, name, rng=rng, clock=clock)
+    if name == "goodput-pinned":
+        return Controller(setup, "goodput", rng=rng, clock=clock, pinned=True)
     if name == "oracle":
         return Oracle()
+    if name == "v2-av":
+        return AdaptiveVerification(setup.max_k)
     raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}, ctrl-static-K")
 
 

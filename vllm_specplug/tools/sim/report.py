@@ -135,6 +135,13 @@ def aggregate(results: list[dict]) -> dict:
     return out
 
 
+# The plugin's arm, and vLLM's V2 policy it is compared with: vLLM 0.34's
+# runner drafts K_step positions (``goodput``); 0.32-0.33's V2 ``draft_model``
+# drafts every position, so there the plugin pins K_step (``goodput-pinned``).
+V2_ARMS = (("goodput", "v2-av"), ("goodput", "table"), ("goodput-pinned", "v2-av"),
+           ("goodput-pinned", "table"))
+
+
 def summarize(agg: dict) -> dict:
     rows, crossover = [], {}
     for setup, scens in agg.items():
@@ -152,10 +159,15 @@ def summarize(agg: dict) -> dict:
                 row = {"setup": setup, "scenario": scen, "concurrency": c,
                        "plain": p["plain"]["goodput"], "best_static_k": best_k,
                        "best_static": best_static, "reference": ref}
-                for pol in ("table", "heuristic", "goodput", "oracle"):
+                for pol in ("table", "v2-av", "heuristic", "goodput", "goodput-pinned",
+                            "oracle"):
                     if pol in p:
                         row[pol] = p[pol]["goodput"]
                         row[f"{pol}_vs_ref"] = p[pol]["goodput"] / ref
+                # The plugin against vLLM's own V2 policies (V2_ARMS).
+                for mine, theirs in V2_ARMS:
+                    if mine in p and theirs in p:
+                        row[f"{mine}_vs_{theirs}"] = p[mine]["goodput"] / p[theirs]["goodput"]
                 if "goodput" in p and "oracle" in p:
                     row["regret"] = 1.0 - p["goodput"]["goodput"] / p["oracle"]["goodput"]
                     row["oracle_vs_ref"] = p["oracle"]["goodput"] / ref
@@ -176,6 +188,49 @@ def summarize(agg: dict) -> dict:
                         break
                 crossover.setdefault(setup, {}).setdefault(scen, {})[k] = first
     return {"rows": rows, "crossover": crossover}
+
+
+def v2_markdown(agg: dict, rows: list[dict]) -> list[str]:
+    """The plugin's goodput over vLLM's V2 policies, per setup and scenario."""
+    have = [(m, t) for m, t in V2_ARMS if any(f"{m}_vs_{t}" in r for r in rows)]
+    if not have:
+        return []
+    L = ["## The plugin against vLLM's own V2 policies", "",
+         "Goodput ratios, min (at c) / mean over concurrency. `v2-av`: vLLM's adaptive "
+         "verification, full-K drafting, verification trimmed with calibrated confidence "
+         "against exact cost curves (an upper bound of the feature); `table`: vLLM's "
+         "batch-size K table tuned offline with the true acceptance; `goodput`: the plugin "
+         "where the drafter drafts K_step positions (vLLM 0.34); `goodput-pinned`: the plugin "
+         "with K_step at the ceiling (vLLM 0.32-0.33's V2 `draft_model`).", "",
+         "| setup | scenario | " + " | ".join(f"{m} / {t}" for m, t in have) + " |",
+         "|---|---|" + "---|" * len(have)]
+    for setup in agg:
+        for scen in agg[setup]:
+            rs = [r for r in rows if r["setup"] == setup and r["scenario"] == scen]
+            cells = []
+            for m, t in have:
+                vals = [(r[f"{m}_vs_{t}"], r["concurrency"]) for r in rs if f"{m}_vs_{t}" in r]
+                if not vals:
+                    cells.append("-")
+                    continue
+                lo = min(vals)
+                cells.append(f"{lo[0]:.3f} (c={lo[1]}) / {np.mean([v for v, _ in vals]):.3f}")
+            L.append(f"| {setup} | {scen} | " + " | ".join(cells) + " |")
+    L.append("")
+    below = [r for r in rows if r.get("goodput_vs_v2-av", 1.0) < 1.0
+             or r.get("goodput_vs_table", 1.0) < 1.0]
+    if below:
+        L += ["Cells where the plugin (`goodput`) is below `v2-av` or `table`:", "",
+              "| setup | scenario | c | goodput / v2-av | goodput / table | mean k | "
+              "mean K_step |", "|---|---|---|---|---|---|---|"]
+        for r in below:
+            L.append(f"| {r['setup']} | {r['scenario']} | {r['concurrency']} | "
+                     f"{r.get('goodput_vs_v2-av', float('nan')):.3f} | "
+                     f"{r.get('goodput_vs_table', float('nan')):.3f} | "
+                     f"{r.get('goodput_mean_k', float('nan')):.2f} | "
+                     f"{r.get('goodput_mean_k_step', float('nan')):.2f} |")
+        L.append("")
+    return L
 
 
 def analytic_crossover(setup_key: str, gpu: str, draft_at_k0: bool) -> dict:
@@ -303,6 +358,7 @@ def markdown(meta: dict, setups: dict, agg: dict, summary: dict, tables: dict,
             L.append(f"| {setup} | {scen} | {worst['goodput_vs_ref']:.3f} "
                      f"(c={worst['concurrency']}) | {bad}/{len(rs)}{regs} |")
     L.append("")
+    L += v2_markdown(agg, rows)
     L += prices_markdown(prices or [])
     for setup in agg:
         d = setups[setup]
@@ -359,6 +415,7 @@ def markdown(meta: dict, setups: dict, agg: dict, summary: dict, tables: dict,
 STYLE = {"plain": ("black", "-"), "static-1": ("#9ecae1", "--"), "static-2": ("#6baed6", "--"),
          "static-4": ("#3182bd", "--"), "static-8": ("#08519c", "--"),
          "table": ("#31a354", "-."), "heuristic": ("#fd8d3c", ":"),
+         "v2-av": ("#2c7fb8", "--"), "goodput-pinned": ("#e7298a", "-."),
          "goodput": ("#d62728", "-"), "oracle": ("#7f7f7f", ":")}
 
 
