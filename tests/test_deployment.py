@@ -106,3 +106,32 @@ def test_vllms_adaptive_verification_leaves_k_to_vllm(monkeypatch):
     cfg.speculative_config.enable_adaptive_verification = True
     why = deployment.runner_refusal(cfg)
     assert "enable_adaptive_verification" in why and "VLLM_USE_V2_MODEL_RUNNER" not in why
+
+
+def test_one_deployment_settles_every_fact_once(monkeypatch):
+    """``Deployment.settle``: runner, method, K, the plugin config (validated),
+    why inert, why K_step is pinned, zero-cost and confidence eligibility."""
+    from vllm_specplug.config import SpecPlugConfigError
+    from vllm_specplug.deployment import Deployment
+
+    monkeypatch.setattr(deployment, "model_runner", lambda cfg: "cpu-v1")
+    cfg = vllm_config()
+    cfg.parallel_config.tensor_parallel_size = 1
+    dep = Deployment.settle(cfg)
+    assert (dep.method, dep.num_spec_tokens, dep.inert, dep.pin_reason) == (
+        "draft_model", 4, None, None)
+    assert dep.zero_cost and dep.confidence_stop(is_async=False)
+    assert not dep.confidence_stop(is_async=True)
+    off = dep.with_config(cfg, dep.config.__class__.from_dict(
+        {"zero_cost_fallback": False, "draft_confidence": False}, 4))
+    assert not off.zero_cost and "off in the plugin config" in off.zero_cost_why
+    assert not off.confidence_stop(is_async=False)
+    lockstep = Deployment.settle(vllm_config(dp=2))
+    assert "data_parallel_size" in lockstep.pin_reason and not lockstep.zero_cost
+    none = vllm_config()
+    none.speculative_config = None
+    assert "no speculative config" in Deployment.settle(none).inert
+    bad = vllm_config()
+    bad.additional_config = {"specplug": {"polcy": "static"}}
+    with pytest.raises(SpecPlugConfigError, match="polcy"):
+        Deployment.settle(bad)

@@ -14,6 +14,13 @@ so a worker asks without loading them.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from vllm_specplug.config import SpecPlugConfig
+    from vllm_specplug.runners import RunnerAdapter
+
 # Proposers that honour a K_step below num_speculative_tokens.  The others
 # (suffix, ngram_gpu, medusa, ...) assert K_step == num_speculative_tokens:
 # for them K_step stays pinned and only per-request trimming adapts.
@@ -199,3 +206,65 @@ def plugin_zero_cost_fallback(vllm_config) -> tuple[bool, str]:
     except Exception as exc:  # the scheduler reports a bad config at start-up
         return False, f"plugin config unavailable ({exc})"
     return zero_cost_fallback_for(vllm_config, plug.zero_cost_fallback)
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """What one engine core's vLLM config means for the plugin, settled once at start-up.
+
+    The start-up profile (``profiling.profile_for_engine``) settles it and
+    hands it to the scheduler with the profile (``profiling.attach``); a
+    scheduler built without the profile's run settles it itself.  Workers,
+    in their own processes, ask ``plugin_zero_cost_fallback`` the same
+    question from the same config.
+    """
+
+    runner: RunnerAdapter
+    method: str | None
+    num_spec_tokens: int
+    config: SpecPlugConfig
+    # Why the plugin leaves K to vLLM here (None: it adapts).
+    inert: str | None
+    # Why K_step stays at num_speculative_tokens (None: it adapts).
+    pin_reason: str | None
+    zero_cost: bool
+    zero_cost_why: str
+    tensor_parallel: int
+
+    @classmethod
+    def settle(cls, vllm_config: Any, config: SpecPlugConfig | None = None) -> Deployment:
+        """``config``: the plugin's config; default: parsed (and validated) from
+        ``additional_config["specplug"]``, which raises on a bad key."""
+        from vllm_specplug.config import SpecPlugConfig
+        from vllm_specplug.runners import runner_for
+
+        spec = vllm_config.speculative_config
+        n = int(getattr(spec, "num_speculative_tokens", 0) or 0) if spec is not None else 0
+        if config is None:
+            config = SpecPlugConfig.from_additional_config(
+                getattr(vllm_config, "additional_config", None) or {}, n)
+        runner = runner_for(vllm_config)
+        if spec is None or n <= 0:
+            return cls(runner, None, 0, config, "no speculative config: nothing to adapt, the "
+                       "scheduler behaves exactly like vLLM's", None, False, "no speculation", 1)
+        zero_cost, why = zero_cost_fallback_for(vllm_config, config.zero_cost_fallback)
+        par = vllm_config.parallel_config
+        return cls(runner, getattr(spec, "method", None), n, config, runner_refusal(vllm_config),
+                   pin_reason(vllm_config), zero_cost, why,
+                   int(getattr(par, "tensor_parallel_size", 1) or 1))
+
+    def with_config(self, vllm_config: Any, config: SpecPlugConfig) -> Deployment:
+        """The same engine under another plugin config (benchmarks' ``reconfigure``)."""
+        zero_cost, why = zero_cost_fallback_for(vllm_config, config.zero_cost_fallback)
+        return replace(self, config=config, zero_cost=zero_cost, zero_cost_why=why)
+
+    @property
+    def k_step_pinned(self) -> bool:
+        return self.pin_reason is not None
+
+    def confidence_stop(self, is_async: bool) -> bool:
+        """Whether the draft-confidence stop (``patches/draft_confidence.py``) applies."""
+        c = self.config
+        return (c.draft_confidence and c.policy == "goodput" and self.method == "draft_model"
+                and self.runner.worker_patches and not is_async and not self.k_step_pinned
+                and self.tensor_parallel == 1)

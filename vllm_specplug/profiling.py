@@ -87,7 +87,7 @@ import time
 from typing import Any
 
 from vllm_specplug.controller.profile import StepProfile
-from vllm_specplug.deployment import catch_up_tokens, model_runner, runner_refusal
+from vllm_specplug.deployment import catch_up_tokens, model_runner
 
 logger = logging.getLogger("vllm.specplug")
 
@@ -118,20 +118,29 @@ DEADLINE_S = 4 * BUDGET_S
 # The attribute of the scheduler's KV cache config that carries the profile
 # from the engine core's KV-cache set-up to the scheduler built from it.
 PROFILE_ATTR = "specplug_step_profile"
+DEPLOYMENT_ATTR = "specplug_deployment"
 
 
 class ProfileSequenceError(RuntimeError):
     """A step would verify more drafts than the step before it proposed."""
 
 
-def attach(kv_cache_config, profile: StepProfile | None) -> None:
-    """Hand ``profile`` to the scheduler that will be built from ``kv_cache_config``."""
+def attach(kv_cache_config, profile: StepProfile | None, deployment=None) -> None:
+    """Hand ``profile``, and the ``Deployment`` settled for it, to the scheduler
+    that will be built from ``kv_cache_config``."""
     setattr(kv_cache_config, PROFILE_ATTR, profile)
+    if deployment is not None:
+        setattr(kv_cache_config, DEPLOYMENT_ATTR, deployment)
 
 
 def attached(kv_cache_config) -> StepProfile | None:
     """The profile measured for the engine whose scheduler has this KV cache config."""
     return getattr(kv_cache_config, PROFILE_ATTR, None)
+
+
+def attached_deployment(kv_cache_config):
+    """The ``deployment.Deployment`` the start-up profile settled for this engine, or None."""
+    return getattr(kv_cache_config, DEPLOYMENT_ATTR, None)
 
 
 def measurement_blocked(vllm_config) -> str | None:
@@ -525,15 +534,15 @@ def profile_for_engine(executor, vllm_config, kv_cache_config,
     (``measurement_blocked``).  A path that cannot be read stops start-up
     with a message naming the key.
     """
-    from vllm_specplug.config import SpecPlugConfig, SpecPlugConfigError
-    from vllm_specplug.deployment import (k_step_pinned_for, uses_plugin_scheduler,
-                                          zero_cost_fallback_for)
+    from vllm_specplug.config import SpecPlugConfigError
+    from vllm_specplug.deployment import Deployment, uses_plugin_scheduler
 
     spec = vllm_config.speculative_config
     if spec is None or not uses_plugin_scheduler(vllm_config):
         return None
-    k = int(spec.num_speculative_tokens or 0)
-    config = SpecPlugConfig.from_additional_config(vllm_config.additional_config or {}, k)
+    dep = Deployment.settle(vllm_config)
+    k, config = dep.num_spec_tokens, dep.config
+    attach(kv_cache_config, None, dep)
     if k <= 0 or config.policy != "goodput" or config.profile == "off":
         return None
     if config.profile != "auto":
@@ -547,18 +556,19 @@ def profile_for_engine(executor, vllm_config, kv_cache_config,
         logger.info("vllm-specplug: step-cost profile from %s", config.profile)
         attach(kv_cache_config, profile)
         return profile
-    if k_step_pinned_for(vllm_config):
-        logger.info("vllm-specplug: K_step is pinned for this deployment; no step-cost "
-                    "profile is measured (prices from parameter counts)")
+    if dep.k_step_pinned:
+        logger.info("vllm-specplug: K_step is pinned for this deployment (%s); no step-cost "
+                    "profile is measured (prices from parameter counts and the live "
+                    "correction)", dep.pin_reason)
         return None
-    if runner_refusal(vllm_config):
+    if dep.inert:
         return None  # the scheduler stays inert and says why
     blocked = measurement_blocked(vllm_config)
     if blocked:
         logger.info("vllm-specplug: no step-cost profile is measured: %s; prices from "
                     "parameter counts", blocked)
         return None
-    zero_cost = zero_cost_fallback_for(vllm_config, config.zero_cost_fallback)[0]
+    zero_cost = dep.zero_cost
     key = deployment_key(vllm_config, zero_cost)
     path = cache_path(key)
     profile = None

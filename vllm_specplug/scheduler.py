@@ -40,13 +40,10 @@ from vllm_specplug.deployment import (
     REPORT_ATTR,
     STOP_RULE_ATTR,
     ZERO_COST_OUTPUT_ATTR,
+    Deployment,
     catch_up_tokens,
     graph_note,
-    pin_reason,
-    runner_refusal,
-    zero_cost_fallback_for,
 )
-from vllm_specplug.runners import runner_for
 from vllm_specplug.config import (
     SpecPlugConfig,
     SpecPlugRequestError,
@@ -84,22 +81,25 @@ class AdaptiveSpecState:
 
     def __init__(self, scheduler: Scheduler) -> None:
         vllm_config = scheduler.vllm_config
-        spec = vllm_config.speculative_config
         self.enabled = False
         self.reason = ""
         self.num_spec_tokens = int(getattr(scheduler, "num_spec_tokens", 0) or 0)
-        self.method = getattr(spec, "method", None) if spec is not None else None
-        additional = getattr(vllm_config, "additional_config", None) or {}
-        # Validated even when inert, so a typo is never silently ignored.
-        self.config = SpecPlugConfig.from_additional_config(additional, self.num_spec_tokens)
-        self.startup_config = self.config
         self.vllm_config = vllm_config
-        # The start-up profile travels on the KV cache config the engine
-        # core builds this scheduler from (profiling.attach).
+        # The start-up profile and the deployment it was measured for travel
+        # on the KV cache config the engine core builds this scheduler from
+        # (profiling.attach); without them the deployment is settled here.
+        # Either way the plugin's config is validated, even when inert, so a
+        # typo is never silently ignored.
         self.kv_cache_config = scheduler.kv_cache_config
-        if spec is None or self.num_spec_tokens <= 0:
-            self.reason = ("no speculative config: nothing to adapt, the scheduler "
-                           "behaves exactly like vLLM's")
+        import vllm_specplug.profiling as profiling
+
+        dep = profiling.attached_deployment(self.kv_cache_config) or Deployment.settle(vllm_config)
+        self.deployment = dep
+        self.config = self.startup_config = dep.config
+        self.method = dep.method
+        self.runner = dep.runner
+        if dep.method is None or self.num_spec_tokens <= 0:
+            self.reason = dep.inert or "no speculative config"
             return
         from vllm_specplug.plugin import missing_features
 
@@ -107,29 +107,23 @@ class AdaptiveSpecState:
         if missing:
             self.reason = f"vLLM lacks {', '.join(missing)}"
             return
-        refusal = runner_refusal(vllm_config)
-        if refusal:
-            self.reason = refusal
+        if dep.inert:
+            self.reason = dep.inert
             return
         graphs = graph_note(vllm_config)
         if graphs:
             logger.warning("vllm-specplug: %s", graphs)
         self.ceiling = self.config.ceiling(self.num_spec_tokens)
-        # vLLM runs the DP ranks of a dense model as independent engines and
-        # tells each engine data_parallel_size=1; only ranks that step in
-        # lockstep (MoE, expert parallel) still see the real size.  Those run
-        # collectives in every forward pass, the draft's included, so every
-        # rank must run the same number of draft passes: K_step stays fixed
-        # and only per-request k adapts.  So does a proposer that drafts
-        # every position whatever K_step says (deployment.pin_reason).
-        self.runner = runner_for(vllm_config)
-        self.pin_reason = pin_reason(vllm_config) or ""
-        self.k_step_pinned = bool(self.pin_reason)
+        # K_step stays at num_speculative_tokens where a smaller one would
+        # hang lockstep ranks' collectives or save the proposer nothing
+        # (deployment.pin_reason); each request's k adapts under it.
+        self.pin_reason = dep.pin_reason or ""
+        self.k_step_pinned = dep.k_step_pinned
         self.is_async = isinstance(scheduler, AsyncScheduler)
         # Zero-cost fallback (patches/draft_model_skip.py): the worker skips
         # the draft model at K_step=0 and catches up before the next K_step>0.
         # Known before the controller is built: it shapes the prior profile.
-        self.zero_cost_fallback = self._zero_cost_fallback()
+        self.zero_cost_fallback = dep.zero_cost
         self.profile = self._profile()
         self.controller = self._new_controller()
         warm_up(self.controller.settings, self.profile)
@@ -162,12 +156,8 @@ class AdaptiveSpecState:
     def _confidence_state(self) -> None:
         """The draft-confidence stop (patches/draft_confidence.py): whether this
         deployment may use it, and what travels between worker and scheduler."""
-        par = self.vllm_config.parallel_config
-        self.confidence_stop = (self.config.draft_confidence and self.method == "draft_model"
-                                and self.runner.worker_patches
-                                and not self.is_async and not self.k_step_pinned
-                                and int(getattr(par, "tensor_parallel_size", 1) or 1) == 1
-                                and self.config.policy == "goodput")
+        self.confidence_stop = (self.deployment.confidence_stop(self.is_async)
+                                and not self.k_step_pinned)
         # Rules are sent once a worker's step output says it can stop (its
         # patch is installed and on): otherwise a deeper K_step would only
         # draft what is then trimmed.
@@ -199,13 +189,14 @@ class AdaptiveSpecState:
         config = SpecPlugConfig.from_dict(raw, self.num_spec_tokens)
         vllm_config = self.vllm_config
         self.config = config
+        self.deployment = self.deployment.with_config(vllm_config, config)
         self.ceiling = config.ceiling(self.num_spec_tokens)
         if pin_k_step is not None:
             self.k_step_pinned = pin_k_step
             self.pin_reason = "reconfigured"
         if self.metrics is not None:
             self.metrics.flush(self.controller, self.faults)
-        self.zero_cost_fallback = self._zero_cost_fallback()
+        self.zero_cost_fallback = self.deployment.zero_cost
         self.profile = self._profile()
         self.controller = self._new_controller()
         if self.metrics is not None:
@@ -219,10 +210,6 @@ class AdaptiveSpecState:
             self.trace.close()
         self.trace = self._open_trace(vllm_config)
 
-    def _zero_cost_fallback(self) -> bool:
-        # The same answer the workers' patch gets (deployment.py).
-        return zero_cost_fallback_for(self.vllm_config, self.config.zero_cost_fallback)[0]
-
     def worker_zero_cost(self, on: bool) -> None:
         """The workers' zero-cost state, as the step's output reports it (rank 0's).
 
@@ -232,7 +219,7 @@ class AdaptiveSpecState:
         before draft from KV the catch-up never repaired, so what was learnt
         of their acceptance no longer holds: it starts again from the pool.
         """
-        if on == self.zero_cost_fallback or (on and not self._zero_cost_fallback()):
+        if on == self.zero_cost_fallback or (on and not self.deployment.zero_cost):
             return
         self.zero_cost_fallback = on
         if on:
