@@ -100,6 +100,19 @@ def scheduler_of(llm):
     return llm.llm_engine.engine_core.engine_core.scheduler
 
 
+def count_preemptions(sched) -> list:
+    """The ids of the requests ``sched`` preempts from now on (a list that grows)."""
+    preempted = []
+    original = sched._preempt_request
+
+    def counting(request, *args, **kwargs):
+        preempted.append(request.request_id)
+        return original(request, *args, **kwargs)
+
+    sched._preempt_request = counting
+    return preempted
+
+
 def shutdown(llm):
     from vllm_specplug.tools.testing import shutdown_llm
 

@@ -10,8 +10,8 @@ import logging
 import numpy as np
 import pytest
 
-from conftest import (CEILING, drafted_per_step, greedy, make_llm, scheduler_of,
-                      shutdown, token_ids)
+from conftest import (CEILING, count_preemptions, drafted_per_step, greedy, make_llm,
+                      scheduler_of, shutdown, token_ids)
 from vllm_specplug.tools.testing import prompt
 
 PROMPTS = [prompt(i) for i in range(6)]
@@ -135,14 +135,7 @@ def test_preemption_with_small_kv_cache_keeps_output_exact(tiny_models, plain):
                    max_model_len=256)
     try:
         sched = scheduler_of(llm)
-        preemptions = []
-        original = sched._preempt_request
-
-        def counting(request, *args, **kwargs):
-            preemptions.append(request.request_id)
-            return original(request, *args, **kwargs)
-
-        sched._preempt_request = counting
+        preemptions = count_preemptions(sched)
         outs = llm.generate(PROMPTS, greedy(LONG), use_tqdm=False)
         assert preemptions, "the KV cache was not small enough to force preemption"
         assert token_ids(outs) == plain["prompts"]

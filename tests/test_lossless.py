@@ -13,7 +13,7 @@ import random
 
 import pytest
 
-from conftest import CEILING, make_llm, scheduler_of, shutdown
+from conftest import CEILING, count_preemptions, make_llm, scheduler_of, shutdown
 from vllm_specplug.tools.testing import VOCAB_WORDS
 
 MAX_MODEL_LEN = 256
@@ -88,15 +88,8 @@ def test_every_policy_is_lossless_under_stress(tiny_models, requests_and_plain, 
     llm = make_llm(tiny_models["target"], speculative=spec, specplug={"policy": policy},
                    **ENGINE)
     try:
-        preempted = []
         sched = scheduler_of(llm)
-        original = sched._preempt_request
-
-        def counting(request, *a, **k):
-            preempted.append(request.request_id)
-            return original(request, *a, **k)
-
-        sched._preempt_request = counting
+        preempted = count_preemptions(sched)
         got = outputs_of(llm, reqs)
         mismatched = [i for i, (g, r) in enumerate(zip(got, ref)) if g != r]
         assert not mismatched, f"{len(mismatched)} requests differ, first {mismatched[:5]}"

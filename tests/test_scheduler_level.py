@@ -627,7 +627,7 @@ def test_a_users_batch_size_table_of_k_pins_k_step(monkeypatch):
     from types import SimpleNamespace
 
     from vllm_specplug import runners
-    from vllm_specplug.deployment import k_step_pinned_for
+    from vllm_specplug.deployment import pin_reason
 
     monkeypatch.setattr(runners, "model_runner_name", lambda vllm_config: "cpu-v1")
 
@@ -637,6 +637,6 @@ def test_a_users_batch_size_table_of_k_pins_k_step(monkeypatch):
                 method=method, num_speculative_tokens_per_batch_size=table),
             parallel_config=SimpleNamespace(data_parallel_size=1))
 
-    assert not k_step_pinned_for(config())
-    assert k_step_pinned_for(config([(1, 8, 4), (9, 64, 2)]))
-    assert k_step_pinned_for(config(method="mtp"))
+    assert pin_reason(config()) is None
+    assert "per_batch_size" in pin_reason(config([(1, 8, 4), (9, 64, 2)]))
+    assert "needs a fixed K" in pin_reason(config(method="mtp"))

@@ -68,21 +68,17 @@ def uses_plugin_scheduler(vllm_config) -> bool:
         (c.__module__ or "").startswith(_PACKAGE) for c in cls.__mro__)
 
 
-def k_step_pinned_for(vllm_config) -> bool:
-    """Whether K_step must stay at num_speculative_tokens.
-
-    Proposers that need a fixed K, or that run every position whatever
-    K_step says (``runners.RunnerAdapter.drafter_follows_k_step``: a smaller
-    K_step would save them nothing), data-parallel ranks, which may step in
-    lockstep (MoE), where a different number of draft passes per rank would
-    hang their collectives, and a deployment that gives vLLM a batch-size
-    table of K (``num_speculative_tokens_per_batch_size``).
-    """
-    return pin_reason(vllm_config) is not None
-
-
 def pin_reason(vllm_config) -> str | None:
-    """Why K_step stays at num_speculative_tokens here, or None (it adapts)."""
+    """Why K_step must stay at num_speculative_tokens here, or None (it adapts).
+
+    Data-parallel ranks, which may step in lockstep (MoE): a different
+    number of draft passes per rank would hang their collectives (vLLM
+    tells each engine of a dense model data_parallel_size=1); a batch-size
+    table of K of the user's (``num_speculative_tokens_per_batch_size``);
+    and proposers that need a fixed K, or that run every position whatever
+    K_step says (``runners.RunnerAdapter.drafter_follows_k_step``: a
+    smaller K_step would save them nothing).
+    """
     from vllm_specplug.runners import runner_for
 
     spec = vllm_config.speculative_config
@@ -182,8 +178,9 @@ def zero_cost_fallback_for(vllm_config, enabled: bool) -> tuple[bool, str]:
         return False, "the scheduler is not vllm_specplug's"
     if model_runner(vllm_config) != "cpu-v1":
         return False, "the patch exists for vLLM's CPU V1 model runner only"
-    if k_step_pinned_for(vllm_config):
-        return False, "K_step is pinned (data parallelism)"
+    pinned = pin_reason(vllm_config)
+    if pinned:
+        return False, f"K_step is pinned ({pinned})"
     par = vllm_config.parallel_config
     if (getattr(par, "pipeline_parallel_size", 1) or 1) > 1:
         return False, "pipeline parallelism"

@@ -18,8 +18,8 @@ triton_interpreter.install()
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from conftest import (CEILING, drafted_per_step, greedy, make_llm, scheduler_of,  # noqa: E402
-                      shutdown, token_ids)
+from conftest import (CEILING, count_preemptions, drafted_per_step, greedy,  # noqa: E402
+                      make_llm, scheduler_of, shutdown, token_ids)
 from vllm_specplug.tools.testing import prompt  # noqa: E402
 
 PROMPTS = [prompt(i) for i in range(6)]
@@ -130,14 +130,7 @@ def test_preemption_chunked_prefill_and_prefix_caching_keep_output_exact(tiny_mo
                    max_model_len=256, max_num_batched_tokens=32, enable_prefix_caching=True)
     try:
         sched = scheduler_of(llm)
-        preemptions = []
-        original = sched._preempt_request
-
-        def counting(request, *args, **kwargs):
-            preemptions.append(request.request_id)
-            return original(request, *args, **kwargs)
-
-        sched._preempt_request = counting
+        preemptions = count_preemptions(sched)
         outs = llm.generate(PROMPTS, greedy(LONG), use_tqdm=False)
         assert preemptions, "the KV cache was not small enough to force preemption"
         assert token_ids(outs) == plain["prompts"]
