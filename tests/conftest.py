@@ -24,10 +24,10 @@ CEILING = 4
 
 # Suites that need a process of their own, run by ``make test`` after the main one:
 # engine_v2/ turns every engine of its process onto vLLM's V2 runner;
-# vllm034 runs the scheduler-level suite on vLLM 0.34.0's scheduler (vllm_side.py).
+# side runs the scheduler-level suite on another vLLM's scheduler (vllm_side.py).
 SUITE = os.environ.get("SPECPLUG_SUITE", "")
 collect_ignore = [] if SUITE == "engine_v2" else ["engine_v2"]
-if SUITE == "vllm034":
+if SUITE == "side":
     import vllm_side
 
     vllm_side.install()

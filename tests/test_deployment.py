@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from vllm_specplug import deployment
+from vllm_specplug import deployment, runners
 
 PKG = Path(__file__).resolve().parents[1] / "vllm_specplug"
 
@@ -32,7 +32,7 @@ def vllm_config(method="draft_model", scheduler="vllm_specplug.AdaptiveSpecSched
 
 
 def test_zero_cost_fallback_applies_only_where_every_rank_can_skip(monkeypatch):
-    monkeypatch.setattr(deployment, "model_runner", lambda cfg: "cpu-v1")
+    monkeypatch.setattr(runners, "model_runner_name", lambda cfg: "cpu-v1")
     assert deployment.zero_cost_fallback_for(vllm_config(), True) == (True, "")
     for cfg, enabled, why in [
         (vllm_config(), False, "off in the plugin config"),
@@ -46,12 +46,12 @@ def test_zero_cost_fallback_applies_only_where_every_rank_can_skip(monkeypatch):
         ok, reason = deployment.zero_cost_fallback_for(cfg, enabled)
         assert not ok and why in reason, (reason, why)
     for runner in ("cpu-v2", "gpu-v1", "gpu-v2", "other"):
-        monkeypatch.setattr(deployment, "model_runner", lambda cfg, r=runner: r)
+        monkeypatch.setattr(runners, "model_runner_name", lambda cfg, r=runner: r)
         assert "CPU V1 model runner only" in deployment.zero_cost_fallback_for(vllm_config(), True)[1]
 
 
 def test_the_plugin_config_flag_is_read_from_additional_config(monkeypatch):
-    monkeypatch.setattr(deployment, "model_runner", lambda cfg: "cpu-v1")
+    monkeypatch.setattr(runners, "model_runner_name", lambda cfg: "cpu-v1")
     cfg = vllm_config()
     assert deployment.plugin_zero_cost_fallback(cfg)[0]
     cfg.additional_config = {"specplug": {"zero_cost_fallback": False}}
@@ -114,7 +114,7 @@ def test_one_deployment_settles_every_fact_once(monkeypatch):
     from vllm_specplug.config import SpecPlugConfigError
     from vllm_specplug.deployment import Deployment
 
-    monkeypatch.setattr(deployment, "model_runner", lambda cfg: "cpu-v1")
+    monkeypatch.setattr(runners, "model_runner_name", lambda cfg: "cpu-v1")
     cfg = vllm_config()
     cfg.parallel_config.tensor_parallel_size = 1
     dep = Deployment.settle(cfg)

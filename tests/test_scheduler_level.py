@@ -416,6 +416,8 @@ def test_the_scheduler_believes_what_the_workers_report_about_skipping(tiny_mode
 
     sched = build_scheduler(tiny_models["target"], False)
     sp = sched.specplug
+    if sp.k_step_pinned:  # vLLM 0.33's V2 draft_model: no K_step = 0 step to skip
+        pytest.skip(f"K_step is pinned here ({sp.pin_reason})")
     # build_scheduler's engine config does not name the plugin's scheduler,
     # so the config's answer is no; here it promised skipping.
     sp.zero_cost_fallback = True

@@ -1,8 +1,9 @@
 """Test harness: another vLLM's scheduler, from its wheel's Python, with no engine.
 
-``make test`` unpacks the Python files of the ``vllm==0.34.0`` wheel (no
-compiled parts) and runs the scheduler-level suite with them first on
-``PYTHONPATH`` and ``SPECPLUG_SUITE=vllm034`` (tests/conftest.py calls
+``make test`` unpacks the Python files of the ``vllm==0.33.0`` and
+``vllm==0.34.0`` wheels (no compiled parts) and runs the scheduler-level suite
+with each first on ``PYTHONPATH``, ``SPECPLUG_SUITE=side`` and
+``SPECPLUG_SIDE_VLLM`` naming the version (tests/conftest.py calls
 ``install``).  On this CPU machine two things stand in the way, and the harness
 moves both, for the tests only:
 
@@ -11,8 +12,11 @@ moves both, for the tests only:
   raises "vLLM on x86 CPUs requires Triton"): ``HAS_TRITON`` reads true while
   that check runs.  No kernel runs in these tests.
 
-The CPU platform turns async scheduling off; the suite builds ``AsyncScheduler``
-itself where it needs it, as the engine core of a GPU deployment would.
+vLLM 0.33 still has the V1 runner and picks V2 only with Triton (its GPU
+default); the harness sets ``VLLM_USE_V2_MODEL_RUNNER=1`` for it, as a GPU
+machine's config would resolve.  The CPU platform turns async scheduling off;
+the suite builds ``AsyncScheduler`` itself where it needs it, as the engine
+core of a GPU deployment would.
 """
 
 import os
@@ -22,6 +26,8 @@ EXPECTED = os.environ.get("SPECPLUG_SIDE_VLLM", "0.34.0")
 
 def install() -> None:
     os.environ["VLLM_TARGET_DEVICE"] = "cpu"
+    if EXPECTED.startswith("0.33."):
+        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
     import vllm
 
     if vllm.__version__ != EXPECTED:
