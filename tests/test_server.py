@@ -245,6 +245,22 @@ def test_metrics_and_trace_agree_with_vllm_counters(adaptive_server):
     assert "adaptive speculation on" in log and "mean K_step" in log
 
 
+def test_the_dashboard_queries_series_the_server_exports(adaptive_server):
+    """Every series the Grafana dashboard (examples/grafana) queries is on the
+    server's /metrics once it has served requests."""
+    from test_dashboard import queried_series
+
+    c = client(adaptive_server)
+    c.completions.create(model=adaptive_server.model, prompt=PROMPT, max_tokens=16,
+                         temperature=0)
+    time.sleep(1.5)
+    text = requests.get(adaptive_server.url + "/metrics", timeout=10).text
+    exported = {line.split("{", 1)[0].split(" ", 1)[0] for line in text.splitlines()
+                if line and not line.startswith("#")}
+    missing = queried_series() - exported
+    assert not missing, sorted(missing)
+
+
 def test_trace_plot_command(adaptive_server, tmp_path):
     out = tmp_path / "k.png"
     exe = Path(sys.executable).with_name("vllm-specplug")
