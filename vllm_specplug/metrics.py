@@ -120,7 +120,7 @@ class SpecPlugMetrics:
             self.series["steps"].labels(**self.labels, k_step=str(k))
             self.series["request_steps"].labels(**self.labels, k=str(k))
         for name in ("requests", "fallback", "probes", "probes_ok", "recoveries",
-                     "predicted_s", "measured_s", "faults"):
+                     "plain_probes", "predicted_s", "measured_s", "faults"):
             self.series[name].labels(**self.labels)
 
     def controller_replaced(self, controller) -> None:
