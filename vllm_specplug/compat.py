@@ -14,10 +14,10 @@ import importlib.metadata
 import inspect
 
 # Versions this adapter is tested against in CI: the CPU build's engine (V1
-# and V2 runners), and vLLM 0.34.0's scheduler (no engine).  The range the
-# GPU extra admits has no upper bound, so installing the plugin never
-# replaces the vLLM a user has; a newer vLLM is probed at start-up instead.
-TESTED_VLLM = ("0.32.0", "0.34.0")
+# and V2 runners), and vLLM 0.33.0's and 0.34.0's schedulers (no engine).  The
+# range the GPU extra admits has no upper bound, so installing the plugin
+# never replaces the vLLM a user has; a newer vLLM is probed at start-up.
+TESTED_VLLM = ("0.32.0", "0.33.0", "0.34.0")
 SUPPORTED_RANGE = ">=0.32"
 
 

@@ -7,6 +7,7 @@ disagree on anything the config decides.  What only a worker can see (its
 model runner, the draft's attention groups) it checks itself, and says
 loudly when it cannot honour what the config promised; each step's output
 tells the scheduler what the worker actually does (``ZERO_COST_OUTPUT_ATTR``).
+``Deployment.settle`` gathers every such answer once per engine core.
 
 Config only: this module imports neither the scheduler nor the controller,
 so a worker asks without loading them.
