@@ -22,10 +22,6 @@ if TYPE_CHECKING:
     from vllm_specplug.config import SpecPlugConfig
     from vllm_specplug.runners import RunnerAdapter
 
-# Proposers that honour a K_step below num_speculative_tokens.  The others
-# (suffix, ngram_gpu, medusa, ...) assert K_step == num_speculative_tokens:
-# for them K_step stays pinned and only per-request trimming adapts.
-ADAPTIVE_K_STEP_METHODS = frozenset({"ngram", "draft_model", "eagle", "eagle3"})
 DRAFT_MODEL_METHODS = frozenset({"draft_model", "eagle", "eagle3", "mtp", "medusa"})
 
 _PACKAGE = "vllm_specplug."

@@ -22,6 +22,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+# Proposers that draft only K_step positions (checked against source; see
+# ``RunnerAdapter.drafter_follows_k_step``).  V1's others (suffix, ngram_gpu,
+# medusa, mtp) assert K_step == num_speculative_tokens.
+V1_K_STEP_METHODS = frozenset({"ngram", "draft_model", "eagle", "eagle3"})
+V2_K_STEP_METHODS = frozenset({"eagle", "eagle3", "mtp"})  # 0.32-0.33
+V2_K_STEP_METHODS_034 = frozenset({"draft_model", "eagle", "eagle3", "mtp"})
+
+
 def _version_tuple(version: str | None) -> tuple[int, int]:
     try:
         major, minor = (version or "").split(".")[:2]
@@ -87,10 +95,10 @@ class RunnerAdapter:
         loop); n-gram and suffix still draft every position.
         """
         if not self.is_v2:
-            return method in ("ngram", "draft_model", "eagle", "eagle3")
+            return method in V1_K_STEP_METHODS
         if _version_tuple(self.vllm_version) >= (0, 34):
-            return method in ("draft_model", "eagle", "eagle3", "mtp")
-        return method in ("eagle", "eagle3", "mtp")
+            return method in V2_K_STEP_METHODS_034
+        return method in V2_K_STEP_METHODS
 
 
 def model_runner_name(vllm_config) -> str:
