@@ -47,24 +47,29 @@ def test_config_fuzz_valid_or_named_error(raw, n):
 
 @settings(max_examples=400, deadline=None)
 @given(st.one_of(st.none(), st.dictionaries(st.sampled_from(
-    ["specplug_max_k", "specplug_x", "other", "specplug_"]), JSON, max_size=3)),
+    ["specplug_max_k", "specplug_k", "specplug_x", "other", "specplug_"]), JSON, max_size=3)),
     st.integers(0, 16))
 def test_request_args_fuzz_valid_or_named_error(extra, ceiling):
     try:
-        k = parse_request_args(extra, ceiling)
+        args = parse_request_args(extra, ceiling)
     except SpecPlugRequestError as exc:
         assert "specplug_" in str(exc)
         return
-    assert k is None or (isinstance(k, int) and 0 <= k <= ceiling)
+    for v in args:
+        assert v is None or (isinstance(v, int) and 0 <= v <= ceiling)
+    if args.k is not None and args.max_k is not None:
+        assert args.k <= args.max_k
 
 
+@pytest.mark.parametrize("key", ["specplug_max_k", "specplug_k"])
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -1, MAX_REQUEST_K + 1, "3", [1],
                                  {"k": 1}, True, 1.5])
-def test_request_ceiling_rejects_each_bad_kind(bad):
-    with pytest.raises(SpecPlugRequestError, match="specplug_max_k"):
-        parse_request_args({"specplug_max_k": bad}, CEILING)
-    assert parse_request_args({"specplug_max_k": 2.0}, CEILING) == 2
-    assert math.isfinite(parse_request_args({"specplug_max_k": MAX_REQUEST_K}, CEILING))
+def test_request_values_reject_each_bad_kind(key, bad):
+    with pytest.raises(SpecPlugRequestError, match=key):
+        parse_request_args({key: bad}, CEILING)
+    assert getattr(parse_request_args({key: 2.0}, CEILING), key[len("specplug_"):]) == 2
+    assert math.isfinite(getattr(parse_request_args({key: MAX_REQUEST_K}, CEILING),
+                                 key[len("specplug_"):]))
 
 
 def test_bad_config_key_stops_startup_with_the_key(tiny_models):

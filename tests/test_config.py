@@ -71,13 +71,23 @@ def test_unknown_keys_are_rejected_with_the_allowed_list():
 
 
 def test_request_ceiling_parsing():
-    assert parse_request_args(None, 4) is None
-    assert parse_request_args({"other": 1}, 4) is None
-    assert parse_request_args({"specplug_max_k": 0}, 4) == 0
-    assert parse_request_args({"specplug_max_k": 2.0}, 4) == 2
-    assert parse_request_args({"specplug_max_k": 100}, 4) == 4  # clamped to the server's
+    assert parse_request_args(None, 4) == (None, None)
+    assert parse_request_args({"other": 1}, 4) == (None, None)
+    assert parse_request_args({"specplug_max_k": 0}, 4).max_k == 0
+    assert parse_request_args({"specplug_max_k": 2.0}, 4).max_k == 2
+    assert parse_request_args({"specplug_max_k": 100}, 4).max_k == 4  # clamped to the server's
     for bad in (-1, 2.5, "3", True, None, float("nan"), MAX_REQUEST_K + 1, [1]):
         with pytest.raises(SpecPlugRequestError, match="specplug_max_k"):
             parse_request_args({"specplug_max_k": bad}, 4)
     with pytest.raises(SpecPlugRequestError, match="unknown per-request key"):
         parse_request_args({"specplug_maxk": 1}, 4)
+
+
+def test_request_fixed_k_parsing():
+    assert parse_request_args({"specplug_k": 0}, 4) == (None, 0)
+    assert parse_request_args({"specplug_k": 3}, 4) == (None, 3)
+    assert parse_request_args({"specplug_k": 9}, 4) == (None, 4)  # the server's ceiling
+    assert parse_request_args({"specplug_k": 3, "specplug_max_k": 2}, 4) == (2, 2)
+    for bad in (-1, 2.5, "3", True, None, float("nan"), MAX_REQUEST_K + 1, [1]):
+        with pytest.raises(SpecPlugRequestError, match="specplug_k "):
+            parse_request_args({"specplug_k": bad}, 4)

@@ -169,31 +169,43 @@ def _spec_metrics(response_json: dict) -> dict | None:
     return metrics.get("speculative_decoding")
 
 
-def test_per_request_ceiling_zero_gives_no_drafts(adaptive_server):
+def test_every_arm_on_one_server_gives_plains_greedy_text(adaptive_server):
+    """The per-request arms the A/B benchmark sends (``specplug_max_k`` 0,
+    ``specplug_k`` 0, 1, 2, 4, adaptive) on one server: the same greedy text,
+    no drafts where k is 0, and at most k drafts a step where k is fixed."""
     url = adaptive_server.url + "/v1/completions"
     body = {"model": adaptive_server.model, "prompt": PROMPT, "max_tokens": 32,
             "temperature": 0}
     plain = requests.post(url, json={**body, "vllm_xargs": {"specplug_max_k": 0}}).json()
     spec = _spec_metrics(plain)
     assert spec is None or spec["num_draft_tokens"] == 0, spec
-    default = requests.post(url, json=body).json()
-    assert default["choices"][0]["text"] == plain["choices"][0]["text"]
-    spec = _spec_metrics(default)
-    assert spec is not None and spec["num_draft_tokens"] > 0, default
-    print("per-request metrics:", json.dumps(spec)[:300])
+    for xargs in ({"specplug_k": 0}, {"specplug_k": 1}, {"specplug_k": 2}, {"specplug_k": 4},
+                  {}):
+        out = requests.post(url, json={**body, "vllm_xargs": xargs}).json()
+        assert out["choices"][0]["text"] == plain["choices"][0]["text"], xargs
+        spec = _spec_metrics(out) or {"num_draft_tokens": 0}
+        k = xargs.get("specplug_k")
+        if k == 0:
+            assert spec["num_draft_tokens"] == 0, spec
+        else:
+            assert spec["num_draft_tokens"] > 0, (xargs, spec)
+        if k:  # k a step, less only where max_tokens leaves fewer to use
+            drafted = spec["per_step_drafted"]
+            assert max(drafted) == k and drafted[:-2] == [k] * (len(drafted) - 2), (k, drafted)
 
 
-@pytest.mark.parametrize("bad", [-1, "2", 2.5, 10**9, "nan"])
-def test_bad_vllm_xargs_get_400_and_server_keeps_serving(adaptive_server, bad):
+@pytest.mark.parametrize("key,bad", [("specplug_max_k", b) for b in (-1, "2", 2.5, 10**9, "nan")]
+                         + [("specplug_k", b) for b in (-1, 2.5, "nan")])
+def test_bad_vllm_xargs_get_400_and_server_keeps_serving(adaptive_server, key, bad):
     url = adaptive_server.url + "/v1/completions"
     body = {"model": adaptive_server.model, "prompt": PROMPT, "max_tokens": 4,
-            "vllm_xargs": {"specplug_max_k": bad}}
+            "vllm_xargs": {key: bad}}
     r = requests.post(url, json=body)
     assert r.status_code == 400, r.text
-    assert "specplug_max_k" in r.text
+    assert key in r.text
     # Streaming too: the 400 comes before the stream starts (patches/request_args_check.py).
     r = requests.post(url, json={**body, "stream": True})
-    assert r.status_code == 400 and "specplug_max_k" in r.text, r.text
+    assert r.status_code == 400 and key in r.text, r.text
     r = requests.post(url, json={**body, "vllm_xargs": {"specplug_typo": 1}})
     assert r.status_code == 400 and "specplug_typo" in r.text
     assert adaptive_server.healthy()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 from vllm_specplug.controller import ControllerSettings
 
@@ -178,32 +178,47 @@ MAX_REQUEST_K = 1024
 
 REQUEST_KEYS = {
     "specplug_max_k": "per-request ceiling on drafts; 0 turns speculation off",
+    "specplug_k": "exactly this many drafts every step (0: plain decoding), not the adaptive choice",
 }
 
 
-def parse_request_args(extra_args: Mapping[str, Any] | None,
-                       ceiling: int = MAX_REQUEST_K) -> int | None:
-    """Validate a request's ``specplug_*`` extra args; return its ceiling.
+class RequestArgs(NamedTuple):
+    """A request's own ``specplug_*`` values, clamped to the server's ceiling."""
 
-    Returns None when the request sets nothing, else the request's ceiling
-    clamped to ``ceiling`` (the server's).  Raises SpecPlugRequestError
+    max_k: int | None  # its ceiling, or None: the server's
+    k: int | None  # its fixed k, or None: adaptive
+
+
+def _request_int(ours: Mapping[str, Any], key: str, ceiling: int) -> int | None:
+    if key not in ours:
+        return None
+    v = ours[key]
+    if isinstance(v, float) and math.isfinite(v) and v.is_integer():
+        v = int(v)  # JSON clients often send 2.0 for 2
+    if not (_is_int(v) and 0 <= v <= MAX_REQUEST_K):
+        raise SpecPlugRequestError(
+            f"{key} = {ours[key]!r} is invalid; allowed: an integer "
+            f"from 0 to {MAX_REQUEST_K} (values above the server's ceiling act as the ceiling)")
+    return min(v, ceiling)
+
+
+def parse_request_args(extra_args: Mapping[str, Any] | None,
+                       ceiling: int = MAX_REQUEST_K) -> RequestArgs:
+    """Validate a request's ``specplug_*`` extra args; return its values.
+
+    Each value is None when the request does not set it, else clamped to
+    ``ceiling`` (the server's); a fixed ``specplug_k`` is also clamped to
+    the request's own ``specplug_max_k``.  Raises SpecPlugRequestError
     naming the key and the allowed values for anything invalid.
     """
     if not extra_args:
-        return None
+        return RequestArgs(None, None)
     ours = {k: v for k, v in extra_args.items()
             if isinstance(k, str) and k.startswith(REQUEST_PREFIX)}
     unknown = sorted(set(ours) - set(REQUEST_KEYS))
     if unknown:
         raise SpecPlugRequestError(
             f"unknown per-request key(s) {unknown}; allowed: {sorted(REQUEST_KEYS)}")
-    if "specplug_max_k" not in ours:
-        return None
-    v = ours["specplug_max_k"]
-    if isinstance(v, float) and math.isfinite(v) and v.is_integer():
-        v = int(v)  # JSON clients often send 2.0 for 2
-    if not (_is_int(v) and 0 <= v <= MAX_REQUEST_K):
-        raise SpecPlugRequestError(
-            f"specplug_max_k = {ours['specplug_max_k']!r} is invalid; allowed: an integer "
-            f"from 0 to {MAX_REQUEST_K} (values above the server's ceiling act as the ceiling)")
-    return min(v, ceiling)
+    max_k = _request_int(ours, "specplug_max_k", ceiling)
+    k = _request_int(ours, "specplug_k", ceiling if max_k is None else max_k)
+    return RequestArgs(max_k, k)

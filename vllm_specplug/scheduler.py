@@ -46,6 +46,7 @@ from vllm_specplug.deployment import (
 )
 from vllm_specplug.config import (
     SpecPlugConfig,
+    RequestArgs,
     SpecPlugRequestError,
     parse_request_args,
 )
@@ -366,9 +367,8 @@ class _AdaptiveSpecMixin:
         if not sp.enabled or not new or request.request_id not in self.requests:
             return
         try:
-            sp.controller.add_request(request.request_id,
-                                      self._specplug_ceiling(request.request_id,
-                                                             request.sampling_params))
+            args = self._specplug_args(request.request_id, request.sampling_params)
+            sp.controller.add_request(request.request_id, args.max_k, args.k)
         except Exception:
             sp.fault("add_request")
 
@@ -377,23 +377,23 @@ class _AdaptiveSpecMixin:
         sp = self.specplug
         if not sp.enabled or update.sampling_params is None:
             return
-        try:  # the chunk's own specplug_max_k, or the server ceiling
-            ceiling = self._specplug_ceiling(session.request_id, update.sampling_params)
+        try:  # the chunk's own specplug_max_k and specplug_k, or the server's
+            args = self._specplug_args(session.request_id, update.sampling_params)
             sp.controller.set_ceiling(session.request_id,
-                                      sp.ceiling if ceiling is None else ceiling)
+                                      sp.ceiling if args.max_k is None else args.max_k, args.k)
         except Exception:
             sp.fault("session update")
 
-    def _specplug_ceiling(self, request_id: str, params) -> int | None:
+    def _specplug_args(self, request_id: str, params) -> RequestArgs:
         sp = self.specplug
         try:
             return parse_request_args(getattr(params, "extra_args", None), sp.ceiling)
         except SpecPlugRequestError as exc:
             # The front end rejects these with HTTP 400; reaching here means a
             # caller bypassed it.  Never fail the engine over it.
-            logger.warning("vllm-specplug: request %s: %s; using the server ceiling",
+            logger.warning("vllm-specplug: request %s: %s; adaptive under the server ceiling",
                            request_id, exc)
-            return None
+            return RequestArgs(None, None)
 
     def _free_request(self, request, *args, **kwargs):
         result = super()._free_request(request, *args, **kwargs)

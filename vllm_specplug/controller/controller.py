@@ -243,7 +243,8 @@ class SpecController:
     def _alloc(self, capacity: int) -> None:
         """(Re)allocate the per-row arrays, keeping what they hold."""
         s = self.settings
-        for name, fill in (("_ceiling", 0), ("_backoff", s.probe_interval), ("_waited", 0),
+        for name, fill in (("_ceiling", 0), ("_fixed", -1), ("_backoff", s.probe_interval),
+                           ("_waited", 0),
                            ("_probe_at", -1), ("_probe_size", s.probe_k), ("_probe_ok", 0),
                            ("_in_fallback", 0)):
             old = getattr(self, name, None)
@@ -254,7 +255,10 @@ class SpecController:
         self.heuristic.ensure_capacity(capacity)
 
     # -- request lifecycle -------------------------------------------------
-    def add_request(self, req_id: str, ceiling: int | None = None) -> None:
+    def add_request(self, req_id: str, ceiling: int | None = None,
+                    fixed_k: int | None = None) -> None:
+        """Track a request; ``ceiling``: its cap on drafts; ``fixed_k``: drafts
+        it asked for exactly (``specplug_k``), or None for the adaptive choice."""
         if req_id in self._row_of:
             return
         s = self.settings
@@ -262,6 +266,7 @@ class SpecController:
         if row >= self._ceiling.size:
             self._alloc(self.estimator.capacity)
         self._ceiling[row] = s.max_k if ceiling is None else min(ceiling, s.max_k)
+        self._fixed[row] = -1 if fixed_k is None else min(fixed_k, self._ceiling[row])
         self._reset_probe(np.array([row]))
         # A new request's own drafts are untested: its first step in
         # fallback sends a probe, without waiting out a back-off.
@@ -271,12 +276,13 @@ class SpecController:
         self._last_ids = None
         self.heuristic.reset(row)
 
-    def set_ceiling(self, req_id: str, ceiling: int) -> None:
-        """Change a live request's ceiling (0 turns its speculation off)."""
+    def set_ceiling(self, req_id: str, ceiling: int, fixed_k: int | None = None) -> None:
+        """Change a live request's ceiling (0 turns its speculation off) and fixed k."""
         row = self._row_of.get(req_id)
         if row is None:
             return
         self._ceiling[row] = max(0, min(int(ceiling), self.settings.max_k))
+        self._fixed[row] = -1 if fixed_k is None else min(max(int(fixed_k), 0), self._ceiling[row])
         self._last_ids = None
 
     def forget_acceptance(self, req_ids) -> None:
@@ -408,8 +414,19 @@ class SpecController:
         # max_tokens as vLLM does.
         if caps is not None and policy != "static":
             ceilings = np.minimum(ceilings, caps)
+        # Requests with a fixed k (``specplug_k``) get it, within their caps;
+        # the policy plans the others as if those drafted none.
+        fixed = self._fixed[rows]
+        pinned = fixed >= 0
+        forced = np.minimum(fixed, ceilings)
+        if pinned.any():
+            ceilings = np.where(pinned, 0, ceilings)
         base = float(batch if base_tokens is None else base_tokens)
-        if policy == "static":
+        survival = prices = None
+        if pinned.all():
+            decision = Decision(k_step=0, k=np.zeros(batch, dtype=np.int64))
+            self._last_plan = None
+        elif policy == "static":
             decision = self.static.decide(ceilings, fixed_k_step)
         elif policy == "heuristic":
             decision = self.heuristic.decide(rows, ceilings, fixed_k_step)
@@ -429,9 +446,29 @@ class SpecController:
             plain = self._plain_probe(batch, base, decision, prices)
             decision = plain or self._probe(rows, ceilings, decision, survival, prices)
             self._last_plan = (req_ids, rows, ceilings, prices, decision)
+        if pinned.any():
+            decision = self._with_fixed(decision, pinned, forced, fixed_k_step, survival, prices)
+            ceilings = np.where(pinned, forced, ceilings)
         self._account(rows, ceilings, decision)
         self.last_decision = decision
         return decision
+
+    def _with_fixed(self, decision, pinned, forced, fixed_k_step, survival, prices) -> Decision:
+        """``decision`` with the fixed-k requests' drafts put in, priced when it was.
+
+        A step where one of them drafts has no per-position stop rule: the
+        draft loop runs K_step and every request keeps what it was granted."""
+        k = np.where(pinned, forced, decision.k)
+        if fixed_k_step is not None:
+            k = np.minimum(k, fixed_k_step)
+            k_step = fixed_k_step
+        else:
+            k_step = max(int(decision.k_step), int(k.max(initial=0)))
+        if int(forced[pinned].max(initial=0)) > 0:
+            self._last_plan = None
+        if prices is None:
+            return Decision(k_step=k_step, k=k)
+        return self.goodput.price(survival, k, k_step, prices)
 
     def stop_rule(self) -> StopRule | None:
         """The last plan as a per-position stop (``DraftStopper``), or None.
