@@ -4,6 +4,7 @@
     python -m vllm_specplug.tools.bench                  # the full grid (says how long up front)
     python -m vllm_specplug.tools.bench --setups smollm-ngram --workloads mixed --concurrency 1,4
     python -m vllm_specplug.tools.bench --served [--quick]  # real servers, vLLM's own client (bench/served.py)
+    python -m vllm_specplug.tools.bench --ab                # every arm on one server, interleaved (bench/ab.py)
 
 Every speculative policy's greedy output is compared with plain decoding;
 any mismatch is reported loudly.  The exit status is 1 unless every
@@ -104,6 +105,10 @@ def mark_static_k_mismatches(mismatches: list[dict]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if "--ab" in (sys.argv[1:] if argv is None else argv):
+        from vllm_specplug.tools.bench.ab import main as ab_main
+
+        return ab_main(argv)
     if "--served" in (sys.argv[1:] if argv is None else argv):
         from vllm_specplug.tools.bench.served import main as served_main
 

@@ -1,0 +1,437 @@
+"""Interleaved A/B: every arm on one plugin server, wave by wave, paired.
+
+    python -m vllm_specplug.tools.bench --ab                     # both setups, the whole grid
+    python -m vllm_specplug.tools.bench --ab --setups qwen --workloads humaneval --concurrency 1
+
+Arms on separate servers minutes apart cannot be compared to a few percent
+on a machine whose speed drifts (this one moved 1.3-1.6x within a run).
+Here one ``vllm-specplug serve`` (the adaptive configuration, the shipped
+ceiling) serves every arm, chosen per request through ``vllm_xargs``:
+
+- ``plain``: ``specplug_k: 0``, no drafts (the plugin's zero-cost fallback
+  where it applies: the draft model does not run);
+- ``k2``, ``k4``, ... : ``specplug_k: N``, exactly N drafts a step (vLLM's
+  static K, on the plugin's server);
+- ``adaptive``: nothing set, the plugin's choice.
+
+A cell (workload, concurrency c) is ``waves`` waves of c prompts; every arm
+sends a wave's same prompts with ``vllm bench serve`` (vLLM's own client,
+``--extra-body`` carrying the arm's ``vllm_xargs``), one arm after another,
+and the order rotates from wave to wave, so a drift of the host falls on
+every arm alike.  Per arm: output tokens/s (tokens over the waves' summed
+durations), TTFT and TPOT; per cell, the ratio adaptive / each arm with a
+bootstrap 90% interval over waves (waves resampled, each arm's rate pooled
+over the resample).  The grid's first cell runs again at the end: how far
+its ratio moves is the instrument's repeatability.  Prefix caching is off on
+the server, so that a prompt's later arms do not find the prefill an earlier
+arm left (all arms pay it alike).  What the A/B cannot show, the separate
+server arms do (``--served``): vLLM without the plugin, and the memory each
+arm takes.  The server's learning is shared: step costs and acceptance
+observed under one arm inform the adaptive choice in the next wave, as
+mixed traffic would on a real server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from vllm_specplug.tools.bench import served
+from vllm_specplug.tools.bench.runner import Progress, resolve_model
+
+# The fixed k of each setup's arms (besides plain and adaptive).
+FIXED_K = {"qwen": (2, 4, 8), "smollm-ngram": (2, 4, 6), "tiny": (2,)}
+CONCURRENCY = {"qwen": (1, 4), "smollm-ngram": (1, 4, 8), "tiny": (1, 2)}
+WAVES = {1: 4, 4: 2, 8: 2}  # waves per cell by concurrency (default 2)
+BOOT = 2000
+LEVEL = 0.90
+
+
+def arms_of(setup: str) -> list[tuple[str, int | None]]:
+    return ([("plain", 0)] + [(f"k{k}", k) for k in FIXED_K.get(setup, (2, 4))]
+            + [("adaptive", None)])
+
+
+@dataclass
+class Wave:
+    workload: str
+    concurrency: int
+    index: int  # the wave's number in its cell
+    path: str  # its c prompts
+    chat: bool
+    structured: bool
+    repeat: bool = False
+
+    @property
+    def cell(self) -> str:
+        return f"{self.workload}/c{self.concurrency}" + ("/repeat" if self.repeat else "")
+
+
+def build_waves(setup, workloads, concurrency, waves_of, out: Path, tokenizer,
+                data_cache=None) -> list[list[Wave]]:
+    """Cells, each a list of waves with prompts of their own (no cell reuses another's)."""
+    cells = []
+    for w in workloads:
+        prompts, is_chat = served._sources(setup, w, tokenizer, data_cache)
+        at = 1  # prompt 0 warms the server up
+        for c in concurrency:
+            cell = []
+            for i in range(waves_of(c)):
+                if at + c > len(prompts):
+                    raise SystemExit(f"{setup.name} {w}: {len(prompts)} prompts fit, "
+                                     f"the grid needs more")
+                path = out / "workloads" / setup.name / f"{w}-c{c}-w{i}.jsonl"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text("".join(json.dumps({"prompt": p, "output_tokens":
+                                                    setup.output_tokens}) + "\n"
+                                        for p in prompts[at:at + c]))
+                at += c
+                cell.append(Wave(w, c, i, str(path), is_chat, w == "json"))
+            cells.append(cell)
+    cells.append([Wave(**{**x.__dict__, "repeat": True}) for x in cells[0]])
+    return cells
+
+
+def _with_xargs(argv: list[str], k: int | None) -> list[str]:
+    """``vllm bench serve`` arguments with the arm's ``vllm_xargs`` in ``--extra-body``."""
+    argv = list(argv)
+    body = {}
+    if "--extra-body" in argv:
+        i = argv.index("--extra-body")
+        body = json.loads(argv[i + 1])
+        del argv[i:i + 2]
+    if k is not None:
+        body["vllm_xargs"] = {"specplug_k": k}
+    return argv + (["--extra-body", json.dumps(body)] if body else [])
+
+
+def run_wave(server, wave: Wave, setup, tokenizer_path: str, out: Path, arm: str,
+             k: int | None) -> dict:
+    cell = served.Cell(wave.workload, "c", wave.concurrency, wave.concurrency, wave.path,
+                       wave.chat, wave.structured)
+    result_dir = out / "raw" / setup.name / arm
+    result_dir.mkdir(parents=True, exist_ok=True)
+    name = f"{wave.cell.replace('/', '-')}-w{wave.index}.json"
+    argv = _with_xargs(served.client_args(server, cell, setup, tokenizer_path, result_dir, name),
+                       k)
+    log = result_dir / (name[:-5] + ".log")
+    try:
+        served.vllm_bench_serve(argv, log)
+        raw = json.loads((result_dir / name).read_text())
+    except (Exception, SystemExit) as e:
+        raise RuntimeError(f"vllm bench serve failed on {arm} {wave.cell} wave {wave.index} "
+                           f"({e!r}); log: {log}") from e
+    rec = {k_: raw.get(k_) for k_ in served.KEEP if k_ in raw}
+    rec.update(setup=setup.name, arm=arm, k=k, workload=wave.workload,
+               concurrency=wave.concurrency, wave=wave.index, repeat=wave.repeat,
+               **served.per_request(raw))
+    return rec
+
+
+# -- statistics ------------------------------------------------------------
+def paired_ratio(a: list[dict], b: list[dict], rng=None) -> dict:
+    """Arm a's pooled output tokens/s over arm b's, on the same waves, with a
+    bootstrap 90% interval (waves resampled)."""
+    by_a = {r["wave"]: r for r in a}
+    by_b = {r["wave"]: r for r in b}
+    waves = sorted(set(by_a) & set(by_b))
+    if not waves:
+        return {}
+    ta = np.array([by_a[w]["total_output_tokens"] for w in waves], dtype=float)
+    da = np.array([by_a[w]["duration"] for w in waves], dtype=float)
+    tb = np.array([by_b[w]["total_output_tokens"] for w in waves], dtype=float)
+    db = np.array([by_b[w]["duration"] for w in waves], dtype=float)
+    point = (ta.sum() / da.sum()) / (tb.sum() / db.sum())
+    rng = rng or np.random.default_rng(0)
+    idx = rng.integers(0, len(waves), size=(BOOT, len(waves)))
+    boot = (ta[idx].sum(1) / da[idx].sum(1)) / (tb[idx].sum(1) / db[idx].sum(1))
+    lo, hi = np.quantile(boot, [(1 - LEVEL) / 2, (1 + LEVEL) / 2])
+    return dict(ratio=round(float(point), 4), lo=round(float(lo), 4), hi=round(float(hi), 4),
+                waves=len(waves))
+
+
+def summarise(runs: list[dict], meta: dict, failures: list[dict]) -> dict:
+    cells = []
+    keys = list(dict.fromkeys((r["setup"], r["workload"], r["concurrency"], r["repeat"])
+                              for r in runs))
+    for s, w, c, rep in keys:
+        group = [r for r in runs if (r["setup"], r["workload"], r["concurrency"], r["repeat"])
+                 == (s, w, c, rep)]
+        arms = list(dict.fromkeys(r["arm"] for r in group))
+        per = {}
+        for a in arms:
+            rs = [r for r in group if r["arm"] == a]
+            tok = sum(r["total_output_tokens"] for r in rs)
+            dur = sum(r["duration"] for r in rs)
+            tpots = [x for r in rs for x in r["tpots_ms"]]
+            ttfts = [x for r in rs for x in r["ttfts_ms"]]
+            per[a] = dict(tok_s=round(tok / dur, 3), waves=len(rs),
+                          ttft_ms=round(float(np.mean(ttfts)), 1) if ttfts else None,
+                          tpot_ms=round(float(np.mean(tpots)), 1) if tpots else None)
+        fixed = [a for a in arms if a.startswith("k")]
+        best = max(fixed, key=lambda a: per[a]["tok_s"]) if fixed else None
+        ada = [r for r in group if r["arm"] == "adaptive"]
+        ratios = {a: paired_ratio(ada, [r for r in group if r["arm"] == a])
+                  for a in arms if a != "adaptive"}
+        texts = {}
+        for r in group:
+            for i, t in enumerate(r["texts"]):
+                texts.setdefault((r["wave"], i), {})[r["arm"]] = t
+        differs = sorted({a for v in texts.values() for a, t in v.items()
+                          if "plain" in v and t != v["plain"]})
+        cells.append(dict(setup=s, workload=w, concurrency=c, repeat=rep, arms=per,
+                          best_fixed=best, vs=ratios, differs_from_plain=differs))
+    return dict(meta=meta, cells=cells, failures=failures, runs=[
+        {k: v for k, v in r.items() if k not in ("texts", "tpots_ms", "ttfts_ms")}
+        for r in runs])
+
+
+def _ci(v: dict) -> str:
+    return f"{v['ratio']:.3f} [{v['lo']:.3f}, {v['hi']:.3f}]" if v else "-"
+
+
+def markdown(res: dict) -> str:
+    lines = []
+    for s, title in res["meta"]["setups"].items():
+        cells = [c for c in res["cells"] if c["setup"] == s]
+        if not cells:
+            continue
+        arms = list(cells[0]["arms"])
+        lines += [f"### {title}", "",
+                  "Output tokens/s per arm (all on one server, waves interleaved); adaptive over "
+                  "plain and over the cell's best fixed k, with bootstrap 90% intervals over "
+                  "waves.", "",
+                  "| workload | c | waves | " + " | ".join(arms)
+                  + " | best fixed | adaptive / plain | adaptive / best fixed | TTFT ms "
+                    "(adaptive / plain) | greedy text differs |",
+                  "|---|---|---|" + "---|" * len(arms) + "---|---|---|---|---|"]
+        for c in cells:
+            best = c["best_fixed"]
+            ttft = (f"{c['arms']['adaptive']['ttft_ms']} / {c['arms']['plain']['ttft_ms']}"
+                    if "adaptive" in c["arms"] and "plain" in c["arms"] else "-")
+            lines.append(
+                f"| {c['workload']}{' (repeat)' if c['repeat'] else ''} | {c['concurrency']} | "
+                f"{c['arms'][arms[0]]['waves']} | "
+                + " | ".join(f"{c['arms'][a]['tok_s']:.2f}" if a in c["arms"] else "-"
+                             for a in arms)
+                + f" | {best or '-'} | {_ci(c['vs'].get('plain', {}))} | "
+                  f"{_ci(c['vs'].get(best, {})) if best else '-'} | {ttft} | "
+                  f"{', '.join(c['differs_from_plain']) or 'none'} |")
+        main = [c for c in cells if not c["repeat"]]
+        vp = [c["vs"]["plain"]["ratio"] for c in main if c["vs"].get("plain")]
+        vb = [c["vs"][c["best_fixed"]]["ratio"] for c in main
+              if c["best_fixed"] and c["vs"].get(c["best_fixed"])]
+        rep = [c for c in cells if c["repeat"]]
+        first = next((c for c in main if rep and (c["workload"], c["concurrency"]) ==
+                      (rep[0]["workload"], rep[0]["concurrency"])), None)
+        lines += ["", f"Adaptive >= 0.98x plain in {sum(v >= 0.98 for v in vp)} of {len(vp)} "
+                      f"cells (lowest {min(vp, default=float('nan')):.3f}); >= 0.97x the best "
+                      f"fixed k in {sum(v >= 0.97 for v in vb)} of {len(vb)} (lowest "
+                      f"{min(vb, default=float('nan')):.3f})."]
+        if first and rep:
+            b = first["best_fixed"]
+            r1, r2 = first["vs"].get(b, {}).get("ratio"), rep[0]["vs"].get(b, {}).get("ratio")
+            if r1 and r2:
+                lines.append(f"Repeatability: the first cell's adaptive / {b} was {r1:.3f}, run "
+                             f"again at the end {r2:.3f} ({100 * (r2 / r1 - 1):+.1f}%).")
+        lines.append("")
+    for f in res["failures"]:
+        lines.append(f"FAILED: {f['setup']} {f.get('arm')} {f.get('cell')}: {f['error'][:200]}")
+    return "\n".join(lines)
+
+
+def write(res: dict, out: Path) -> None:
+    m = res["meta"]
+    (out / "results.json").write_text(json.dumps(res, indent=1))
+    (out / "results.md").write_text(
+        f"Command: `{m['command']}` at commit {m['commit']}  \nMachine: {m['machine']}, "
+        f"vLLM {m['vllm']}, dtype {m['dtype']}, {m['date']}, {m['wall_minutes']} min\n\n"
+        + markdown(res))
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("[ab] matplotlib is not installed: no plot")
+        return
+    setups = [s for s in m["setups"] if any(c["setup"] == s for c in res["cells"])]
+    fig, axes = plt.subplots(1, len(setups), figsize=(6.5 * len(setups), 4.2), squeeze=False)
+    for ax, s in zip(axes[0], setups):
+        cells = [c for c in res["cells"] if c["setup"] == s and not c["repeat"]]
+        x = np.arange(len(cells))
+        for off, (label, pick, color) in enumerate((
+                ("adaptive / plain", lambda c: c["vs"].get("plain"), "tab:grey"),
+                ("adaptive / best fixed k", lambda c: c["vs"].get(c["best_fixed"] or ""),
+                 "black"))):
+            vals = [pick(c) or {} for c in cells]
+            y = np.array([v.get("ratio", np.nan) for v in vals])
+            err = np.array([[v.get("ratio", np.nan) - v.get("lo", np.nan) for v in vals],
+                            [v.get("hi", np.nan) - v.get("ratio", np.nan) for v in vals]])
+            ax.errorbar(x + 0.15 * (off - 0.5), y, yerr=err, fmt="o", color=color, label=label,
+                        capsize=3)
+        ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+        ax.set_xticks(x, [f"{c['workload']}\nc={c['concurrency']}" for c in cells], fontsize=7)
+        ax.set_title(m["setups"][s], fontsize=9)
+        ax.set_ylabel("paired ratio (90% interval)")
+        ax.legend(fontsize=7)
+    fig.suptitle("Interleaved A/B on one server: the adaptive choice over plain and over the "
+                 "best fixed k", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out / "ab-ratios.png", dpi=110)
+    plt.close(fig)
+
+
+# -- the run ---------------------------------------------------------------
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="python -m vllm_specplug.tools.bench --ab",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--ab", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--setups", default="qwen,smollm-ngram",
+                   help=f"comma-separated: {', '.join(served.SETUPS)}")
+    p.add_argument("--workloads", default=None, help="comma-separated (default: the setup's)")
+    p.add_argument("--concurrency", default=None,
+                   help="comma-separated (default: qwen 1,4; smollm-ngram 1,4,8)")
+    p.add_argument("--waves", type=int, default=None,
+                   help="waves per cell (default: 4 at c=1, 2 above)")
+    p.add_argument("--trace", action="store_true", help="the server writes its decision trace")
+    p.add_argument("--out", default="bench-ab", help="output folder")
+    p.add_argument("--render", default=None, metavar="DIR",
+                   help="rewrite the report of a finished run from its raw/ files")
+    p.add_argument("--tiny-root", default="/tmp/vllm-specplug-bench-tiny")
+    p.add_argument("--data-cache", default=None)
+    args = p.parse_args(argv)
+    if args.waves is not None and args.waves < 2:
+        raise SystemExit(f"--waves: {args.waves}; allowed: an integer >= 2 (the interval "
+                         "resamples waves)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    from transformers import AutoTokenizer
+
+    from vllm_specplug import compat
+    from vllm_specplug.profiling import cpu_model
+    from vllm_specplug.tools.bench.runner import env_defaults
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    out = Path(args.out)
+    if args.render:
+        src = Path(args.render)
+        res = json.loads((src / "results.json").read_text())
+        runs = [dict(r, **served.per_request(json.loads(
+            (src / "raw" / r["setup"] / r["arm"] / _raw_name(r)).read_text())))
+            for r in res["runs"]]
+        res = summarise(runs, res["meta"], res["failures"])
+        write(res, src)
+        print(markdown(res))
+        return 0
+    base_env = dict(os.environ)
+    env_defaults(base_env)
+    base_env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+    out.mkdir(parents=True, exist_ok=True)
+    plan = []
+    for name in args.setups.split(","):
+        if name not in served.SETUPS:
+            raise SystemExit(f"--setups: unknown {name!r}; known: {', '.join(served.SETUPS)}")
+        setup = served.SETUPS[name]
+        workloads = args.workloads.split(",") if args.workloads else list(setup.workloads)
+        conc = ([int(c) for c in args.concurrency.split(",")] if args.concurrency
+                else list(CONCURRENCY.get(name, setup.concurrency)))
+        target = resolve_model(setup.target, args.tiny_root)
+        draft = resolve_model(setup.draft, args.tiny_root) if setup.draft else None
+        tok = AutoTokenizer.from_pretrained(target)
+        cells = build_waves(setup, workloads, conc,
+                            lambda c: args.waves or WAVES.get(c, 2), out, tok, args.data_cache)
+        plan.append((setup, target, draft, cells))
+
+    def units(setup, wave):
+        return served._cell_units(setup, served.Cell(wave.workload, "c", wave.concurrency,
+                                                     wave.concurrency, "", False, False))
+
+    total = sum(setup.ready_s + sum(units(setup, w) * len(arms_of(setup.name))
+                                    for cell in cells for w in cell)
+                for setup, _, _, cells in plan)
+    n = sum(len(arms_of(s.name)) * sum(len(c) for c in cells) for s, _, _, cells in plan)
+    print(f"[ab] {n} waves on {len(plan)} server(s); estimate {total / 60:.0f} min. Progress "
+          f"and time left follow on stderr.", flush=True)
+    progress = Progress(total, "ab")
+    started = time.time()
+    runs, failures, servers = [], [], []
+    for setup, target, draft, cells in plan:
+        arms = arms_of(setup.name)
+        port = served._free_port()
+        log = out / "logs" / f"{setup.name}-ab.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        trace = str((out / "logs" / f"{setup.name}-ab-trace.jsonl").resolve()) if args.trace \
+            else None
+        max_c = max(w.concurrency for cell in cells for w in cell)
+        argv_s, env = served.server_command(setup, "adaptive", target, draft, port, max_c, trace)
+        server = served.Server(argv_s + ["--no-enable-prefix-caching"], {**base_env, **env},
+                               log, port)
+        try:
+            ready = server.wait_ready()
+            progress.advance(setup.ready_s, f"{setup.name}: ready in {ready:.0f} s")
+            # Warm-up: one request per arm (the first prompt of the first workload).
+            warm = Wave(cells[0][0].workload, 1, -1, str(Path(cells[0][0].path)),
+                        cells[0][0].chat, cells[0][0].structured)
+            warm_path = Path(warm.path).with_name("warm-up.jsonl")
+            warm_path.write_text(Path(warm.path).read_text().splitlines()[0] + "\n")
+            warm.path = str(warm_path)
+            for arm, k in arms:
+                run_wave(server, warm, setup, target, out, arm, k)
+            for cell in cells:
+                for wave in cell:
+                    shift = wave.index % len(arms)
+                    for arm, k in arms[shift:] + arms[:shift]:
+                        t = time.time()
+                        try:
+                            rec = run_wave(server, wave, setup, target, out, arm, k)
+                            runs.append(rec)
+                            note = f"{rec['output_throughput']:.2f} tok/s"
+                        except RuntimeError as e:
+                            failures.append(dict(setup=setup.name, arm=arm, cell=wave.cell,
+                                                 error=str(e)))
+                            note = "FAILED"
+                        progress.advance(units(setup, wave), f"{setup.name} {wave.cell} wave "
+                                         f"{wave.index} {arm}: {note} ({time.time() - t:.0f} s)")
+            servers.append(dict(setup=setup.name, ready_s=round(ready, 1),
+                                kv_tokens=server.kv_tokens(),
+                                rss_peak_gib=round(served.resident_gib(server.proc.pid,
+                                                                       "VmHWM"), 2)))
+        except RuntimeError as e:
+            failures.append(dict(setup=setup.name, arm=None, cell=None, error=str(e)))
+            print(f"[ab] FAILED {setup.name}: {e}", file=sys.stderr)
+        finally:
+            server.stop()
+    meta = dict(command="python -m vllm_specplug.tools.bench " + " ".join(argv),
+                commit=served._commit(), date=time.strftime("%Y-%m-%d %H:%M:%S"),
+                wall_minutes=round((time.time() - started) / 60, 1),
+                machine=f"{platform.machine()}, {os.cpu_count()} CPUs, {cpu_model()}",
+                vllm=compat.vllm_version(), setups={s.name: s.title for s, *_ in plan},
+                dtype={s.name: s.dtype or "bfloat16" for s, *_ in plan},
+                output_tokens={s.name: s.output_tokens for s, *_ in plan},
+                arms={s.name: [a for a, _ in arms_of(s.name)] for s, *_ in plan},
+                servers=servers)
+    res = summarise(runs, meta, failures)
+    write(res, out)
+    print(markdown(res))
+    return 1 if failures else 0
+
+
+def _raw_name(r: dict) -> str:
+    cell = f"{r['workload']}/c{r['concurrency']}" + ("/repeat" if r["repeat"] else "")
+    return f"{cell.replace('/', '-')}-w{r['wave']}.json"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
