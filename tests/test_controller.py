@@ -1079,7 +1079,7 @@ def test_finished_requests_free_state():
 
 # -- the goodput policy: one decision --------------------------------------------------
 
-def plan_seconds(pricer, batch, base, k_step, n):
+def plan_seconds(pricer, batch, base, k_step, n, width):
     """Decode seconds of a plan as the policy defines them (its docstring).
 
     Plain decoding (K_step = 0): the plain step of the decoding requests, at
@@ -1088,7 +1088,11 @@ def plan_seconds(pricer, batch, base, k_step, n):
     prefill chunk's share (profiled plain step with the chunk minus without
     it, and, when a plain step skips the draft, the draft's first pass with
     it minus without it, neither below zero) at the same correction, and
-    never below a plan of the same step that verifies fewer drafts.
+    never below a plan of the same step that verifies fewer drafts, and each
+    further verified draft never cheaper than the one before it: the verify
+    curve over base .. base + batch * width tokens, its steps fitted
+    non-decreasing (pool adjacent violators) and floored at its start; with
+    captured sizes only its running maximum.
     """
     profile, corr = pricer.profile, pricer.correction
     if k_step == 0:
@@ -1096,10 +1100,16 @@ def plan_seconds(pricer, batch, base, k_step, n):
     tokens = base + n
     prefill = (max(profile.target(base) - profile.target(batch), 0.0)
                + draft_prefill_pass(profile, batch, base))
-    # Non-decreasing from the step's own size: the dearest of the steps
-    # over base .. base + n tokens.
-    step = max(profile.step(base + m, batch, k_step) for m in range(n + 1))
-    raw = step - prefill
+    from vllm_specplug.controller.profile import isotonic
+
+    curve = [profile.target(base + m) + profile.first(base + m)
+             for m in range(batch * width + 1)]
+    if profile.pad_sizes is not None:
+        fit = np.maximum.accumulate(curve)
+    else:
+        rise = np.concatenate([[0.0], np.cumsum(isotonic(np.diff(curve)))])
+        fit = np.maximum(curve[0] + rise, curve[0])
+    raw = fit[n] + (k_step - 1) * profile.draft_pass(batch) - prefill
     return corr.ratio(tokens, batch) * raw
 
 
@@ -1139,7 +1149,7 @@ def best_rate_by_enumeration(survival, ceilings, base, pricer, fixed_k_step=None
     best = -1.0
     for j in js:
         if j == 0:
-            best = max(best, batch / (plan_seconds(pricer, batch, base, 0, 0) + plain_owed * batch))
+            best = max(best, batch / (plan_seconds(pricer, batch, base, 0, 0, width) + plain_owed * batch))
             continue
         allowed = np.arange(width)[None, :] < np.minimum(ceilings, j)[:, None]
         values = np.sort(survival[allowed & (survival > 0.0)])[::-1]
@@ -1147,7 +1157,7 @@ def best_rate_by_enumeration(survival, ceilings, base, pricer, fixed_k_step=None
         for n, gain in enumerate(gains):
             if n == 0 and fixed_k_step is None:
                 continue  # draft passes and nothing to verify: never the plan
-            seconds = plan_seconds(pricer, batch, base, j, n)
+            seconds = plan_seconds(pricer, batch, base, j, n, width)
             best = max(best, (batch + gain) / (seconds + owed * (batch + gain)))
     return best
 
@@ -1194,7 +1204,7 @@ def test_goodput_argmax_equals_the_enumeration_of_every_plan():
         # The decision's own plan, priced independently.
         assert d.predicted_tokens == pytest.approx(
             batch + sum(survival[r, :k].sum() for r, k in enumerate(d.k.tolist())), rel=1e-12)
-        seconds = plan_seconds(pricer, batch, base, d.k_step, int(d.k.sum()))
+        seconds = plan_seconds(pricer, batch, base, d.k_step, int(d.k.sum()), survival.shape[1])
         if d.k_step:
             seconds += owed_per_token(pricer, batch, base, catch_up, horizon) * d.predicted_tokens
         elif horizon is not None:
@@ -1227,15 +1237,16 @@ def test_goodput_argmax_is_the_best_of_every_per_request_k():
         ceilings = rng.integers(0, width + 1, size=batch)
         base = float(batch + (int(rng.integers(1, 300)) if rng.random() < 0.3 else 0))
         pricer = StepPricer(random_profile(rng, max_tokens=64))
-        best = batch / plan_seconds(pricer, batch, base, 0, 0)
+        best = batch / plan_seconds(pricer, batch, base, 0, 0, width)
         for k in itertools.product(*[range(c + 1) for c in ceilings.tolist()]):
             for j in range(max(max(k), 1), width + 1):
                 if not any(k):
                     continue
                 tokens = batch + sum(survival[r, :kr].sum() for r, kr in enumerate(k))
-                best = max(best, tokens / plan_seconds(pricer, batch, base, j, sum(k)))
+                best = max(best, tokens / plan_seconds(pricer, batch, base, j, sum(k), width))
         d = GoodputPolicy(min_gain=0.0).decide(survival, ceilings, base, pricer)
-        rate = d.predicted_tokens / plan_seconds(pricer, batch, base, d.k_step, int(d.k.sum()))
+        rate = d.predicted_tokens / plan_seconds(pricer, batch, base, d.k_step, int(d.k.sum()),
+                                                  survival.shape[1])
         assert rate == pytest.approx(best, rel=1e-9)
 
 
@@ -1244,7 +1255,7 @@ def test_goodput_speculates_only_past_min_gain():
     for _ in range(100):
         survival, ceilings, base, pricer, _ = random_case(rng)
         batch = survival.shape[0]
-        plain = batch / plan_seconds(pricer, batch, base, 0, 0)
+        plain = batch / plan_seconds(pricer, batch, base, 0, 0, survival.shape[1])
         best = best_rate_by_enumeration(survival, ceilings, base, pricer, None)
         d = GoodputPolicy(min_gain=0.05).decide(survival, ceilings, base, pricer, None)
         assert (d.k_step > 0) == (best >= 1.05 * plain)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from reference_controller.profile import ProfileCorrection, StepProfile
+from vllm_specplug.controller.profile import isotonic
 
 
 @dataclass
@@ -184,7 +185,16 @@ class GoodputPolicy:
         # dip cannot price a slot below nothing, and a smaller shape (a
         # 1-token step measured slower than a 4-token one) never raises this
         # step's prices.
-        by_n = np.maximum.accumulate(profile.verify_and_first(tokens)) - prefill_p - prefill_f
+        # Made convex as well, over every slot the batch could verify
+        # (batch x width), its steps fitted non-decreasing and floored at
+        # its start; captured sizes keep their running maximum.
+        curve = profile.verify_and_first(base + np.arange(batch * survival.shape[1] + 1.0))
+        if profile.pad_sizes is not None:
+            fit = np.maximum.accumulate(curve)
+        else:
+            fit = np.maximum(curve[0] + np.concatenate([[0.0], np.cumsum(isotonic(np.diff(curve)))]),
+                             curve[0])
+        by_n = fit[:tokens.size] - prefill_p - prefill_f
         passes = (js - 1) * profile.draft_pass(batch)
         # Per K_step (rows) and slot in order (columns), the plan that admits
         # the slots up to it among those at positions below K_step.

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from vllm_specplug.controller.profile import ProfileCorrection, StepProfile
+from vllm_specplug.controller.profile import ProfileCorrection, StepProfile, convex_rise
 
 
 @numba.njit(cache=True)
@@ -417,14 +417,20 @@ class GoodputPolicy:
         if width and batch:
             # Profiled seconds of a drafting step's decode work by the number n
             # of slots it verifies (0..all), before the K_step-dependent draft
-            # passes: the step less its prefill share.  Non-decreasing in n
-            # from the step's own size: a plan at this batch is priced from
-            # the profile at its own tokens and up, so a measured dip cannot
-            # price a slot below nothing, and a smaller shape (a 1-token step
-            # measured slower than a 4-token one) never raises this step's
-            # prices.
+            # passes: the step less its prefill share.  Read from the step's
+            # own size up (a smaller shape, a 1-token step measured slower
+            # than a 4-token one, never raises this step's prices), and made
+            # non-decreasing and convex in n (``convex_rise``): a verified
+            # token does not cost less than the one before it, so a profile
+            # point a repeat would not reproduce (one 2-token step measured
+            # a third dearer than the 1- and 9-token steps) is spread over
+            # its neighbours instead of pricing one place in every step.
+            # Captured sizes (CUDA graphs) keep their real staircase: there
+            # the curve is only made non-decreasing.
             tokens = base + np.arange(batch * width + 1, dtype=np.float64)
-            by_n = np.maximum.accumulate(profile.verify_and_first(tokens)) - prefill_p - prefill_f
+            raw = profile.verify_and_first(tokens)
+            by_n = (np.maximum.accumulate(raw) if profile.pad_sizes is not None
+                    else convex_rise(raw)) - prefill_p - prefill_f
             by_n.flags.writeable = False
             draft_pass = profile.draft_pass(batch)
         self._cached_shape = (profile, base, batch, width, prefill_p, prefill_f, plain_p, by_n,

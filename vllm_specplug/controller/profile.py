@@ -85,6 +85,45 @@ def isotonic(ys) -> np.ndarray:
     return np.repeat([m for m, _ in blocks], [int(n) for _, n in blocks])
 
 
+def convex_rise(ys) -> np.ndarray:
+    """``ys`` (on equally spaced sizes) made convex and non-decreasing, from
+    its first value to its last: its steps fitted non-decreasing
+    (``isotonic``, so the total rise is kept), the curve then floored at its
+    first value.  A step that jumps and falls back (one noisy point) is
+    spread over the steps it pools with; a curve already convex and rising
+    is kept as it is."""
+    ys = np.asarray(ys, dtype=np.float64)
+    if ys.size < 3:
+        return np.maximum.accumulate(ys)
+    return _convex_rise(ys)
+
+
+@numba.njit(cache=True)
+def _convex_rise(ys):
+    n = ys.size - 1
+    mean = np.empty(n)
+    count = np.empty(n, dtype=np.int64)
+    top = 0
+    for i in range(n):  # pool adjacent violators over the steps
+        mean[top], count[top] = ys[i + 1] - ys[i], 1
+        top += 1
+        while top > 1 and mean[top - 2] > mean[top - 1]:
+            c = count[top - 2] + count[top - 1]
+            mean[top - 2] = (mean[top - 2] * count[top - 2] + mean[top - 1] * count[top - 1]) / c
+            count[top - 2] = c
+            top -= 1
+    out = np.empty(n + 1)
+    out[0] = ys[0]
+    at = 0
+    for b in range(top):  # the steps rise: a dip comes first, and is floored at the start
+        for _ in range(count[b]):
+            out[at + 1] = out[at] + mean[b]
+            at += 1
+    for i in range(1, n + 1):
+        out[i] = max(out[i], ys[0])
+    return out
+
+
 @dataclass
 class StepProfile:
     tokens: np.ndarray      # token sizes of the target and first-pass curves
