@@ -23,5 +23,12 @@ curl -s "$URL/v1/completions" -H 'Content-Type: application/json' -d '{
 }'
 echo
 
+# Exactly two drafts every step for this request, instead of the adaptive choice.
+curl -s "$URL/v1/completions" -H 'Content-Type: application/json' -d '{
+  "model": "qwen-coder", "prompt": "def add(a, b):\n", "max_tokens": 32, "temperature": 0,
+  "vllm_xargs": {"specplug_k": 2}
+}'
+echo
+
 # The plugin's Prometheus series.
 curl -s "$URL/metrics" | grep '^vllm:specplug_' | head -20

@@ -6,7 +6,7 @@
 
 Non-streaming and streaming completions and chat; a per-request ceiling via
 ``vllm_xargs`` (``specplug_max_k``: 0 turns speculation off for that
-request); per-request acceptance from the response's
+request) and a fixed k (``specplug_k``: exactly that many drafts a step); per-request acceptance from the response's
 ``metrics.speculative_decoding`` (the server runs with
 ``per-request-spec-decode-metrics``).
 """
@@ -53,6 +53,13 @@ def main() -> None:
     spec = (r.model_extra.get("metrics") or {}).get("speculative_decoding")
     print("ceiling 0:", r.choices[0].text.strip()[:60], "| drafted:",
           spec["num_draft_tokens"] if spec else 0)
+
+    # A fixed k: exactly two drafts every step for this request, not the adaptive choice.
+    r = client.completions.create(model=args.model, prompt=prompt, max_tokens=32, temperature=0,
+                                  extra_body={"vllm_xargs": {"specplug_k": 2}})
+    spec = (r.model_extra.get("metrics") or {}).get("speculative_decoding")
+    print("fixed k=2:", r.choices[0].text.strip()[:60], "| drafted per step:",
+          spec["per_step_drafted"][:8] if spec else None)
 
     chat = client.chat.completions.create(
         model=args.model, max_tokens=64, temperature=0,
