@@ -37,4 +37,3 @@ def test_a_convex_rising_curve_is_priced_as_measured():
     np.testing.assert_allclose(convex_rise([1.0, 2.0, 4.0, 7.0]), [1.0, 2.0, 4.0, 7.0])
     # A dip comes first in a convex fit and is floored at the step's own price.
     np.testing.assert_allclose(convex_rise([0.13, 0.125, 0.12, 0.14]), [0.13, 0.13, 0.13, 0.14])
-
