@@ -8,14 +8,11 @@ every fixed k the tests ask for.
 import numpy as np
 import pytest
 
-from vllm_specplug.controller import ControllerSettings, SpecController, StepProfile
+from vllm_specplug.controller import ControllerSettings, SpecController
 
-MODERATE = StepProfile(
-    tokens=[1, 4096], target_s=[10e-3, 10e-3 + 0.3e-3 * 4095], first_s=[2e-3, 2e-3],
-    batch=[1, 256], pass_s=[2e-3, 3e-3], meta={"source": "test", "platform": "cuda"})
-CPU_BOUND = StepProfile(
-    tokens=[1, 4096], target_s=[2e-3, 2e-3 * 4096], first_s=[0.2e-3, 0.2e-3 * 4096],
-    batch=[1, 256], pass_s=[0.2e-3, 0.2e-3 * 256], meta={"source": "test", "platform": "cpu"})
+from controller_cases import CPU_BOUND, MODERATE
+
+
 
 
 def controller(profile, max_k=8):
