@@ -34,6 +34,7 @@ mixed traffic would on a real server.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -45,7 +46,7 @@ from pathlib import Path
 import numpy as np
 
 from vllm_specplug.tools.bench import served
-from vllm_specplug.tools.bench.runner import Progress, resolve_model
+from vllm_specplug.tools.bench.runner import Progress
 
 # The fixed k of each setup's arms (besides plain and adaptive).
 FIXED_K = {"qwen": (2, 4, 8), "smollm-ngram": (2, 4, 6), "tiny": (2,)}
@@ -149,13 +150,18 @@ class Client:
             self._pool = None
 
 
+def raw_name(workload: str, concurrency: int, repeat: bool, index: int) -> str:
+    """A wave's result file under ``raw/<setup>/<arm>/`` (``--render`` reads it back)."""
+    return f"{workload}-c{concurrency}{'-repeat' if repeat else ''}-w{index}.json"
+
+
 def run_wave(client: Client, server, wave: Wave, setup, tokenizer_path: str, out: Path, arm: str,
              k: int | None) -> dict:
     cell = served.Cell(wave.workload, "c", wave.concurrency, wave.concurrency, wave.path,
                        wave.chat, wave.structured)
     result_dir = out / "raw" / setup.name / arm
     result_dir.mkdir(parents=True, exist_ok=True)
-    name = f"{wave.cell.replace('/', '-')}-w{wave.index}.json"
+    name = raw_name(wave.workload, wave.concurrency, wave.repeat, wave.index)
     argv = _with_xargs(served.client_args(server, cell, setup, tokenizer_path, result_dir, name),
                        k)
     log = result_dir / (name[:-5] + ".log")
@@ -352,11 +358,8 @@ def parse_args(argv):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from transformers import AutoTokenizer
-
     from vllm_specplug import compat
     from vllm_specplug.profiling import cpu_model
-    from vllm_specplug.tools.bench.runner import env_defaults
 
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
@@ -365,27 +368,21 @@ def main(argv: list[str] | None = None) -> int:
         src = Path(args.render)
         res = json.loads((src / "results.json").read_text())
         runs = [dict(r, **served.per_request(json.loads(
-            (src / "raw" / r["setup"] / r["arm"] / _raw_name(r)).read_text())))
+            (src / "raw" / r["setup"] / r["arm"] / raw_name(
+                r["workload"], r["concurrency"], r["repeat"], r["wave"])).read_text())))
             for r in res["runs"]]
         res = summarise(runs, res["meta"], res["failures"])
         write(res, src)
         print(markdown(res))
         return 0
-    base_env = dict(os.environ)
-    env_defaults(base_env)
-    base_env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+    base_env = served.server_env()
     out.mkdir(parents=True, exist_ok=True)
     plan = []
     for name in args.setups.split(","):
-        if name not in served.SETUPS:
-            raise SystemExit(f"--setups: unknown {name!r}; known: {', '.join(served.SETUPS)}")
-        setup = served.SETUPS[name]
+        setup, target, draft, tok = served.setup_models(name, args.tiny_root)
         workloads = args.workloads.split(",") if args.workloads else list(setup.workloads)
         conc = ([int(c) for c in args.concurrency.split(",")] if args.concurrency
                 else list(CONCURRENCY.get(name, setup.concurrency)))
-        target = resolve_model(setup.target, args.tiny_root)
-        draft = resolve_model(setup.draft, args.tiny_root) if setup.draft else None
-        tok = AutoTokenizer.from_pretrained(target)
         cells = build_waves(setup, workloads, conc,
                             lambda c: args.waves or WAVES.get(c, 2), out, tok, args.data_cache)
         plan.append((setup, target, draft, cells))
@@ -419,11 +416,10 @@ def main(argv: list[str] | None = None) -> int:
             ready = server.wait_ready()
             progress.advance(setup.ready_s, f"{setup.name}: ready in {ready:.0f} s")
             # Warm-up: one request per arm (the first prompt of the first workload).
-            warm = Wave(cells[0][0].workload, 1, -1, str(Path(cells[0][0].path)),
-                        cells[0][0].chat, cells[0][0].structured)
-            warm_path = Path(warm.path).with_name("warm-up.jsonl")
-            warm_path.write_text(Path(warm.path).read_text().splitlines()[0] + "\n")
-            warm.path = str(warm_path)
+            first = cells[0][0]
+            warm_path = Path(first.path).with_name("warm-up.jsonl")
+            warm_path.write_text(Path(first.path).read_text().splitlines()[0] + "\n")
+            warm = dataclasses.replace(first, concurrency=1, index=-1, path=str(warm_path))
             for arm, k in arms:
                 run_wave(client, server, warm, setup, target, out, arm, k)
             for cell in cells:
@@ -466,9 +462,6 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if failures else 0
 
 
-def _raw_name(r: dict) -> str:
-    cell = f"{r['workload']}/c{r['concurrency']}" + ("/repeat" if r["repeat"] else "")
-    return f"{cell.replace('/', '-')}-w{r['wave']}.json"
 
 
 if __name__ == "__main__":

@@ -270,6 +270,28 @@ def server_command(setup: ServedSetup, arm: str, target: str, draft: str | None,
     return argv, env
 
 
+def server_env() -> dict:
+    """The servers' environment (this process's is left alone)."""
+    from vllm_specplug.tools.bench.runner import env_defaults
+
+    env = dict(os.environ)
+    env_defaults(env)
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # a server runs as users run it
+    return env
+
+
+def setup_models(name: str, tiny_root: str) -> tuple[ServedSetup, str, str | None, object]:
+    """A setup by name, its target and draft paths, and the target's tokenizer."""
+    from transformers import AutoTokenizer
+
+    if name not in SETUPS:
+        raise SystemExit(f"--setups: unknown {name!r}; known: {', '.join(SETUPS)}")
+    setup = SETUPS[name]
+    target = resolve_model(setup.target, tiny_root)
+    draft = resolve_model(setup.draft, tiny_root) if setup.draft else None
+    return setup, target, draft, AutoTokenizer.from_pretrained(target)
+
+
 def _children(pid: int) -> list[int]:
     kids, out = {}, [pid]
     for d in os.listdir("/proc"):
@@ -542,10 +564,7 @@ def parse_args(argv):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from transformers import AutoTokenizer
-
     from vllm_specplug import compat
-    from vllm_specplug.tools.bench.runner import env_defaults
     from vllm_specplug.profiling import cpu_model
     from vllm_specplug.tools.bench import served_report
 
@@ -555,23 +574,15 @@ def main(argv: list[str] | None = None) -> int:
         return render(Path(args.render))
     if args.pool:
         return pool([Path(d) for d in args.pool], Path(args.out))
-    # The servers' environment; this process's is left alone.
-    base_env = dict(os.environ)
-    env_defaults(base_env)
-    base_env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # a server runs as users run it
+    base_env = server_env()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     plan = []
     for name in args.setups.split(","):
-        if name not in SETUPS:
-            raise SystemExit(f"--setups: unknown {name!r}; known: {', '.join(SETUPS)}")
-        setup = SETUPS[name]
+        setup, target, draft, tok = setup_models(name, args.tiny_root)
         workloads = args.workloads.split(",") if args.workloads else list(setup.workloads)
         conc = ([int(c) for c in args.concurrency.split(",")] if args.concurrency
                 else list(setup.concurrency))
-        target = resolve_model(setup.target, args.tiny_root)
-        draft = resolve_model(setup.draft, args.tiny_root) if setup.draft else None
-        tok = AutoTokenizer.from_pretrained(target)
         cells = build_cells(setup, workloads, conc, not args.no_rate, out, tok, args.data_cache,
                             args.requests, args.waves, args.cold_requests)
         chosen = args.arms.split(",") if args.arms else setup.arms
