@@ -50,8 +50,11 @@ from vllm_specplug.tools.bench.runner import Progress
 
 # The fixed k of each setup's arms (besides plain and adaptive).
 FIXED_K = {"qwen": (2, 4, 8), "smollm-ngram": (2, 4, 6), "tiny": (2,)}
-CONCURRENCY = {"qwen": (1, 4), "smollm-ngram": (1, 4, 8), "tiny": (1, 2)}
-WAVES = {1: 4, 4: 2, 8: 2}  # waves per cell by concurrency (default 2)
+# The grid: 1, 4 and 8 requests for both real setups.
+CONCURRENCY = {"qwen": (1, 4, 8), "smollm-ngram": (1, 4, 8), "tiny": (1, 2)}
+# Waves per cell by concurrency (default 2): a one-request wave is one prompt, and
+# a cell's ratio swings with the prompt, so c=1 takes more of them.
+WAVES = {1: 6, 4: 2, 8: 2}
 BOOT = 2000
 LEVEL = 0.90
 
@@ -341,9 +344,9 @@ def parse_args(argv):
                    help=f"comma-separated: {', '.join(served.SETUPS)}")
     p.add_argument("--workloads", default=None, help="comma-separated (default: the setup's)")
     p.add_argument("--concurrency", default=None,
-                   help="comma-separated (default: qwen 1,4; smollm-ngram 1,4,8)")
+                   help="comma-separated (default: 1,4,8)")
     p.add_argument("--waves", type=int, default=None,
-                   help="waves per cell (default: 4 at c=1, 2 above)")
+                   help="waves per cell (default: 6 at c=1, 2 above)")
     p.add_argument("--trace", action="store_true", help="the server writes its decision trace")
     p.add_argument("--out", default="bench-ab", help="output folder")
     p.add_argument("--render", default=None, metavar="DIR",
