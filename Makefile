@@ -10,7 +10,7 @@ STAMP := $(VENV)/.specplug-installed
 # too (tests/vllm_side.py).
 SIDE_VLLMS := 0.33.0 0.34.0
 SIDES := $(foreach v,$(SIDE_VLLMS),$(VENV)/side/vllm-$(v)/.complete)
-SIDE_TESTS := tests/test_scheduler_level.py tests/test_compat.py tests/test_deployment.py \
+SIDE_TESTS := tests/test_scheduler_level.py tests/test_scheduler_lifecycle.py tests/test_compat.py tests/test_deployment.py \
 	tests/test_config.py tests/test_patches.py
 
 .PHONY: venv test test-fast demo clean

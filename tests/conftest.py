@@ -96,6 +96,12 @@ def make_llm(model, speculative=None, adaptive=True, specplug=None, **kw):
     return LLM(**args)
 
 
+@pytest.fixture(params=[False, True], ids=["sync", "async"])
+def async_scheduling(request):
+    """Both of vLLM's schedulers (the scheduler-level suites)."""
+    return request.param
+
+
 def scheduler_of(llm):
     return llm.llm_engine.engine_core.engine_core.scheduler
 

@@ -135,3 +135,45 @@ def test_one_deployment_settles_every_fact_once(monkeypatch):
     bad.additional_config = {"specplug": {"polcy": "static"}}
     with pytest.raises(SpecPlugConfigError, match="polcy"):
         Deployment.settle(bad)
+
+
+@pytest.mark.parametrize("runner,version,pinned", [
+    ("cpu-v1", "0.32.0", False), ("gpu-v1", "0.33.0", False),
+    ("gpu-v2", "0.32.0", True), ("gpu-v2", "0.33.0", True), ("gpu-v2", "0.34.0", False)])
+def test_k_step_is_pinned_where_the_drafter_runs_every_position(monkeypatch, runner, version,
+                                                                 pinned):
+    """draft_model: vLLM 0.32-0.33's V2 speculator drafts every position
+    whatever K_step says (the plugin adapts each request's k under the full
+    K); V1, and 0.34's autoregressive speculator, draft K_step positions."""
+    from types import SimpleNamespace
+
+    from vllm_specplug import compat, runners
+    from vllm_specplug.deployment import pin_reason
+
+    monkeypatch.setattr(runners, "model_runner_name", lambda vllm_config: runner)
+    monkeypatch.setattr(compat, "vllm_version", lambda: version)
+    cfg = SimpleNamespace(speculative_config=SimpleNamespace(method="draft_model"),
+                          parallel_config=SimpleNamespace(data_parallel_size=1))
+    why = pin_reason(cfg)
+    assert (why is not None) == pinned, why
+    if pinned:
+        assert "drafts every position" in why
+
+
+def test_a_users_batch_size_table_of_k_pins_k_step(monkeypatch):
+    from types import SimpleNamespace
+
+    from vllm_specplug import runners
+    from vllm_specplug.deployment import pin_reason
+
+    monkeypatch.setattr(runners, "model_runner_name", lambda vllm_config: "cpu-v1")
+
+    def config(table=None, method="draft_model"):
+        return SimpleNamespace(
+            speculative_config=SimpleNamespace(
+                method=method, num_speculative_tokens_per_batch_size=table),
+            parallel_config=SimpleNamespace(data_parallel_size=1))
+
+    assert pin_reason(config()) is None
+    assert "per_batch_size" in pin_reason(config([(1, 8, 4), (9, 64, 2)]))
+    assert "needs a fixed K" in pin_reason(config(method="mtp"))
