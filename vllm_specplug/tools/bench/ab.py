@@ -253,22 +253,25 @@ def markdown(res: dict) -> str:
         lines += [f"### {title}", "",
                   "Output tokens/s per arm (all on one server, waves interleaved); adaptive over "
                   "plain and over the cell's best fixed k, with bootstrap 90% intervals over "
-                  "waves.", "",
+                  "waves.  TTFT and TPOT (mean time per output token after the first) split "
+                  "a ratio into the prompt's step, where a drafting arm also runs the draft over "
+                  "the prompt, and decoding.", "",
                   "| workload | c | waves | " + " | ".join(arms)
                   + " | best fixed | adaptive / plain | adaptive / best fixed | TTFT ms "
-                    "(adaptive / plain) | greedy text differs |",
-                  "|---|---|---|" + "---|" * len(arms) + "---|---|---|---|---|"]
+                    "(adaptive / plain) | TPOT ms (adaptive / plain) | greedy text differs |",
+                  "|---|---|---|" + "---|" * len(arms) + "---|---|---|---|---|---|"]
         for c in cells:
             best = c["best_fixed"]
-            ttft = (f"{c['arms']['adaptive']['ttft_ms']} / {c['arms']['plain']['ttft_ms']}"
-                    if "adaptive" in c["arms"] and "plain" in c["arms"] else "-")
+            both = "adaptive" in c["arms"] and "plain" in c["arms"]
+            ttft, tpot = ((f"{c['arms']['adaptive'][m]:.0f} / {c['arms']['plain'][m]:.0f}"
+                           if both else "-") for m in ("ttft_ms", "tpot_ms"))
             lines.append(
                 f"| {c['workload']}{' (repeat)' if c['repeat'] else ''} | {c['concurrency']} | "
                 f"{c['arms'][arms[0]]['waves']} | "
                 + " | ".join(f"{c['arms'][a]['tok_s']:.2f}" if a in c["arms"] else "-"
                              for a in arms)
                 + f" | {best or '-'} | {_ci(c['vs'].get('plain', {}))} | "
-                  f"{_ci(c['vs'].get(best, {})) if best else '-'} | {ttft} | "
+                  f"{_ci(c['vs'].get(best, {})) if best else '-'} | {ttft} | {tpot} | "
                   f"{', '.join(c['differs_from_plain']) or 'none'} |")
         main = [c for c in cells if not c["repeat"]]
         vp = [c["vs"]["plain"]["ratio"] for c in main if c["vs"].get("plain")]
