@@ -39,8 +39,9 @@ import vllm_specplug.profiling as profiling
 import vllm_specplug.tools.sim.engine as engine
 import vllm_specplug.tools.sim.profile as sim_profile
 from vllm_specplug.controller import ControllerSettings
+from vllm_specplug.controller.correction import ProfileCorrection
 from vllm_specplug.controller.estimator import AcceptanceEstimator
-from vllm_specplug.controller.profile import ProfileCorrection, prior_profile
+from vllm_specplug.controller.profile import prior_profile
 from vllm_specplug.tools.sim.engine import CellSpec
 from vllm_specplug.tools.sim.report import aggregate, run_sweep, summarize
 

@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from vllm_specplug.controller.profile import ProfileCorrection as _Correction
+from vllm_specplug.controller.correction import ProfileCorrection as _Correction
 from vllm_specplug.controller.profile import StepProfile, prior_profile  # noqa: F401
 
 

@@ -6,6 +6,7 @@ from vllm_specplug.controller.controller import (
     SpecController,
     warm_up,
 )
+from vllm_specplug.controller.correction import ProfileCorrection
 from vllm_specplug.controller.estimator import AcceptanceEstimator
 from vllm_specplug.controller.policy import (
     Decision,
@@ -16,7 +17,6 @@ from vllm_specplug.controller.policy import (
 )
 from vllm_specplug.controller.profile import (
     UNKNOWN_DRAFT_RATIO,
-    ProfileCorrection,
     StepProfile,
     prior_profile,
 )

@@ -22,6 +22,7 @@ import numba
 import numpy as np
 
 from vllm_specplug.controller.confidence import ConfidenceCalibration, StopRule
+from vllm_specplug.controller.correction import ProfileCorrection, band
 from vllm_specplug.controller.estimator import (FORGETTING, INITIAL_ACCEPTANCE, PRIOR_STRENGTH,
                                                 AcceptanceEstimator)
 from vllm_specplug.controller.policy import (
@@ -31,8 +32,7 @@ from vllm_specplug.controller.policy import (
     StaticPolicy,
     StepPricer,
 )
-from vllm_specplug.controller.profile import (UNKNOWN_DRAFT_RATIO, ProfileCorrection,
-                                              StepProfile, band, prior_profile)
+from vllm_specplug.controller.profile import UNKNOWN_DRAFT_RATIO, StepProfile, prior_profile
 
 
 @numba.njit(cache=True)

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from vllm_specplug.controller.profile import ProfileCorrection, StepProfile, convex_rise
+from vllm_specplug.controller.correction import ProfileCorrection
+from vllm_specplug.controller.profile import StepProfile, convex_rise
 
 
 @numba.njit(cache=True)
