@@ -492,21 +492,16 @@ def reset_worker(worker) -> None:
     """Worker side, after the start-up profile's dummy steps: forget the stale marks."""
     drafter = getattr(getattr(worker, "model_runner", None), "drafter", None)
     if drafter is not None and "_specplug_skip" in drafter.__dict__:
-        set_enabled(drafter, True)
+        reset(drafter)
 
 
-def set_enabled(proposer, on: bool) -> bool:
-    """Switch skipping on or off for one proposer (benchmarks compare both).
+def reset(proposer):
+    """Forget this proposer's stale-block marks and decide afresh whether it
+    skips, as at its first call; returns the new state (falsy: it does not skip).
 
-    Only between runs, with no request in flight and the prefix cache reset:
-    the stale-block marks start empty, which is right only if no block the
-    marks described can be read again (freed blocks are rewritten before
-    they are read; the reset drops cached ones).  Returns whether skipping
-    is now on (it stays off where ``install``/the config check refused it).
-    """
+    Only with no request in flight and no block the marks described left to
+    be read again (the start-up profile's dummy blocks; the benchmarks'
+    policy switch, ``tools/bench/reconfigure.set_zero_cost``, resets the
+    prefix cache first)."""
     proposer.__dict__.pop("_specplug_skip", None)
-    state = _state(proposer)
-    if not on and state:
-        proposer.__dict__["_specplug_skip"] = False
-        return False
-    return bool(state)
+    return _state(proposer)

@@ -3,7 +3,7 @@
 Two engines per setup, one after the other (two Qwen engines do not fit
 in this machine's memory together): the plain engine (no speculation) and
 one speculative engine whose policy is switched between runs
-(``AdaptiveSpecState.reconfigure``), so every speculative policy shares one
+(``tools/bench/reconfigure.py``), so every speculative policy shares one
 engine start and the policies run interleaved, A B C A B C, per cell.  The
 plain engine runs each cell before and after the speculative engine, and
 its median is the baseline, so drift over the run is bracketed.
@@ -21,6 +21,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 
+from vllm_specplug.tools.bench.reconfigure import reconfigure
 from vllm_specplug.tools.bench.setups import VLLM_TABLE, Setup, policy_overrides
 
 
@@ -131,10 +132,10 @@ def configure_policy(llm, setup: Setup, policy: str, trace_path: str | None = No
     if not llm.reset_prefix_cache():
         raise RuntimeError("could not reset the prefix cache between runs")
     if setup.method == "draft_model":
-        from vllm_specplug.patches import draft_model_skip
+        from vllm_specplug.tools.bench.reconfigure import set_zero_cost
 
         drafter = core.model_executor.driver_worker.worker.model_runner.drafter
-        on = draft_model_skip.set_enabled(drafter, bool(overrides.get("zero_cost_fallback")))
+        on = set_zero_cost(drafter, bool(overrides.get("zero_cost_fallback")))
         # Before the controller is rebuilt: whether the draft runs at
         # K_step=0 shapes its cost model.
         overrides["zero_cost_fallback"] = on
@@ -144,7 +145,7 @@ def configure_policy(llm, setup: Setup, policy: str, trace_path: str | None = No
         last = getattr(sp, "bench_key", None)
         if last is not None:
             _CONTROLLERS[last] = sp.controller
-    sp.reconfigure(overrides, pin_k_step=pin)
+    reconfigure(sp, overrides, pin_k_step=pin)
     key = (id(llm), policy, workload) if workload is not None else None
     sp.bench_key = key
     if key in _CONTROLLERS:
