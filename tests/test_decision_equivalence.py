@@ -304,7 +304,7 @@ def test_estimator_matches_reference(seed):
 def test_candidate_order_is_a_stable_sort(seed):
     """The slots in the order the reference sorts them (``argsort(-s, kind="stable")``),
     on both of the sort's paths: spread survivals and clustered ones."""
-    from vllm_specplug.controller.policy import _candidates
+    from vllm_specplug.controller.argmax import _candidates
 
     rng = np.random.default_rng(3000 + seed)
     for _ in range(200):

@@ -1,5 +1,6 @@
 """The adaptive-K controller: plain Python, NumPy and a few numba kernels; no vLLM import."""
 
+from vllm_specplug.controller.baselines import HeuristicPolicy, StaticPolicy
 from vllm_specplug.controller.controller import (
     ControllerSettings,
     ControllerStats,
@@ -8,13 +9,8 @@ from vllm_specplug.controller.controller import (
 )
 from vllm_specplug.controller.correction import ProfileCorrection
 from vllm_specplug.controller.estimator import AcceptanceEstimator
-from vllm_specplug.controller.policy import (
-    Decision,
-    GoodputPolicy,
-    HeuristicPolicy,
-    StaticPolicy,
-    StepPricer,
-)
+from vllm_specplug.controller.policy import GoodputPolicy
+from vllm_specplug.controller.pricing import Decision, StepPricer
 from vllm_specplug.controller.profile import (
     UNKNOWN_DRAFT_RATIO,
     StepProfile,

@@ -21,17 +21,13 @@ import math
 import numba
 import numpy as np
 
+from vllm_specplug.controller.baselines import HeuristicPolicy, StaticPolicy
 from vllm_specplug.controller.confidence import ConfidenceCalibration, StopRule
 from vllm_specplug.controller.correction import ProfileCorrection, band
 from vllm_specplug.controller.estimator import (FORGETTING, INITIAL_ACCEPTANCE, PRIOR_STRENGTH,
                                                 AcceptanceEstimator)
-from vllm_specplug.controller.policy import (
-    Decision,
-    GoodputPolicy,
-    HeuristicPolicy,
-    StaticPolicy,
-    StepPricer,
-)
+from vllm_specplug.controller.policy import GoodputPolicy
+from vllm_specplug.controller.pricing import Decision, StepPricer
 from vllm_specplug.controller.profile import UNKNOWN_DRAFT_RATIO, StepProfile, prior_profile
 
 
