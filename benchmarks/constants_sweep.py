@@ -92,7 +92,7 @@ def pool_anchor(trials: float):
 
 
 def prompt_tokens(n: int):
-    return lambda: [patch.object(profiling, "PROMPT_TOKENS", n),
+    return lambda: [patch.object(profiling.testbench, "PROMPT_TOKENS", n),
                     patch.object(sim_profile, "PROMPT_TOKENS", n)]
 
 
@@ -155,12 +155,12 @@ VARIANTS = {
     "correction BANDS=1": attr(ProfileCorrection, "BANDS", 1),  # 24 token bands
     "correction BATCH_BANDS=1": attr(ProfileCorrection, "BATCH_BANDS", 1),  # 12
     # The start-up measurement (the simulator runs the plugin's run_rounds).
-    "ROUNDS=2": attr(profiling, "ROUNDS", 2),  # 4
-    "ROUNDS=8": attr(profiling, "ROUNDS", 8),
-    "MAX_ROUNDS=ROUNDS": attr(profiling, "MAX_ROUNDS", 4),  # 9
-    "ROUNDS_S=5": attr(profiling, "ROUNDS_S", 5.0),  # 1.5
-    "LEAD_ROUNDS=0": attr(profiling, "LEAD_ROUNDS", 0),  # 2
-    "SIZE_WARMUP_ROUNDS=0": attr(profiling, "SIZE_WARMUP_ROUNDS", 0),  # 1
+    "ROUNDS=2": attr(profiling.rounds, "ROUNDS", 2),  # 4
+    "ROUNDS=8": attr(profiling.rounds, "ROUNDS", 8),
+    "MAX_ROUNDS=ROUNDS": attr(profiling.rounds, "MAX_ROUNDS", 4),  # 9
+    "ROUNDS_S=5": attr(profiling.rounds, "ROUNDS_S", 5.0),  # 1.5
+    "LEAD_ROUNDS=0": attr(profiling.rounds, "LEAD_ROUNDS", 0),  # 2
+    "SIZE_WARMUP_ROUNDS=0": attr(profiling.rounds, "SIZE_WARMUP_ROUNDS", 0),  # 1
     "PROMPT_TOKENS=8": prompt_tokens(8),  # 32
     "PROMPT_TOKENS=128": prompt_tokens(128),
     "BUDGET_S=10": budget(10.0),  # 75

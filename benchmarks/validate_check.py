@@ -37,37 +37,38 @@ def child(out: str, samples: int) -> None:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     import vllm_specplug.profiling as profiling
+    import vllm_specplug.profiling.validation as validation
     from vllm_specplug.controller import StepProfile
     from vllm_specplug.tools.models import model_path
 
     shapes = []
     judged = {}
-    profiling.WARMUP, profiling.REPEATS = 0, samples
-    profiling.VALIDATE_TOLERANCE = float("inf")  # keep the table: the samples are the result
-    median = profiling.robust_median
+    validation.WARMUP, validation.REPEATS = 0, samples
+    validation.VALIDATE_TOLERANCE = float("inf")  # keep the table: the samples are the result
+    median = validation.robust_median
 
     def recording(times):
         shapes.append(list(times))
         return median(times)
 
-    profiling.robust_median = recording
-    validate = profiling.validate
+    validation.robust_median = recording
+    validate = validation.validate
 
     def validating(executor, vllm_config, kv_cache_config, profile, k, *a, **kw):
-        steps = profiling.validate_steps
+        steps = validation.validate_steps
 
         def timed(bench, k):
             plain, t_plain, wide, t_wide = steps(bench, k)
             judged.update(plain_price=profile.step(t_plain, 1, 0),
                           wide_price=profile.step(t_wide, 1, k), t_plain=t_plain, t_wide=t_wide)
             return plain, t_plain, wide, t_wide
-        profiling.validate_steps = timed
+        validation.validate_steps = timed
         try:
             return validate(executor, vllm_config, kv_cache_config, profile, k, *a, **kw)
         finally:
-            profiling.validate_steps = steps
+            validation.validate_steps = steps
 
-    profiling.validate = validating
+    validation.validate = validating
     from vllm import LLM
 
     t0 = time.time()

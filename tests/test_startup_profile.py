@@ -78,7 +78,7 @@ def test_profile_is_measured_at_start_up_cached_and_reused(tiny_models, plain, p
     # The same deployment again: the cached table, after its two-shape check
     # (whose verdict on millisecond steps depends on how busy the machine is,
     # so here it is told to pass; the next engine shows it can fail).
-    monkeypatch.setattr(profiling, "VALIDATE_TOLERANCE", 1e9)
+    monkeypatch.setattr(profiling.validation, "VALIDATE_TOLERANCE", 1e9)
     llm = make_llm(tiny_models["target"], speculative=draft_model(tiny_models["target"]),
                    specplug={"profile": "auto"})
     try:
@@ -96,7 +96,7 @@ def test_profile_is_measured_at_start_up_cached_and_reused(tiny_models, plain, p
     finally:
         shutdown(llm)
     # A cached table 1000x off this machine is measured again (and replaced).
-    monkeypatch.setattr(profiling, "VALIDATE_TOLERANCE", 0.25)
+    monkeypatch.setattr(profiling.validation, "VALIDATE_TOLERANCE", 0.25)
     wrong = json.loads(files[0].read_text())
     wrong["target_s"] = [t * 1000 for t in wrong["target_s"]]
     wrong["meta"]["measured_at"] = "wrong"
@@ -287,7 +287,7 @@ def test_an_engine_with_kv_events_measures_nothing(tiny_models, profile_cache, m
     def no_bench(*a, **k):
         raise AssertionError("a throwaway scheduler was built")
 
-    monkeypatch.setattr(profiling, "_Bench", no_bench)
+    monkeypatch.setattr(profiling.testbench, "_Bench", no_bench)
     import socket
 
     with socket.socket() as s:
@@ -326,7 +326,7 @@ def test_the_profile_has_a_deadline_frees_its_requests_and_shuts_its_scheduler_d
     original_shutdown = Scheduler.shutdown
     monkeypatch.setattr(Scheduler, "shutdown",
                         lambda self: (shut.append(type(self).__name__), original_shutdown(self)))
-    monkeypatch.setattr(profiling, "DEADLINE_S", 0.0)
+    monkeypatch.setattr(profiling.testbench, "DEADLINE_S", 0.0)
     llm = make_llm(tiny_models["target"], speculative=draft_model(tiny_models["target"]),
                    specplug={"profile": "auto"})
     try:
