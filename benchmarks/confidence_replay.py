@@ -27,7 +27,7 @@ import numpy as np
 
 import vllm_specplug.controller.confidence as confidence
 from vllm_specplug.controller.confidence import ConfidenceCalibration
-from vllm_specplug.trace import replay_calibration
+from vllm_specplug.tools.trace_report import replay_calibration
 
 ROOT = Path(__file__).resolve().parent
 

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from vllm_specplug.controller import ControllerSettings, SpecController
-from vllm_specplug.trace import read_trace
+from vllm_specplug.tools.trace_report import read_trace
 
 RESULTS = Path(__file__).resolve().parent / "results"
 EARLY = 5

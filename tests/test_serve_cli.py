@@ -90,7 +90,7 @@ def test_shipped_configs_name_models_by_key():
 
 
 def test_cpu_build_gets_a_kv_cache_size_unless_the_user_set_one(monkeypatch):
-    from vllm_specplug import serve
+    from vllm_specplug.tools import serve
 
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
     assert not serve.default_cpu_kvcache(cpu_build=False)

@@ -19,7 +19,7 @@ import requests
 import yaml
 
 from conftest import with_fixed_profile
-from vllm_specplug.trace import read_trace
+from vllm_specplug.tools.trace_report import read_trace
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "configs"

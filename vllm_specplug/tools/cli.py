@@ -20,16 +20,16 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__.strip())
         return 0
     if argv[0] == "serve":
-        from vllm_specplug.serve import main as serve_main
+        from vllm_specplug.tools.serve import main as serve_main
         from vllm_specplug.tools.models import resolve_model_keys
 
         return serve_main(argv[1:], resolve=resolve_model_keys)
     if argv[0] == "trace":
-        from vllm_specplug.trace import main as trace_main
+        from vllm_specplug.tools.trace_report import main as trace_main
 
         return trace_main(argv[1:])
     if argv[0] == "profile":
-        from vllm_specplug.serve import install_version_shim
+        from vllm_specplug.tools.serve import install_version_shim
 
         install_version_shim()
         from vllm_specplug.tools.profile_report import main as profile_main
@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return data_main(argv[1:])
     if argv[0] == "vllm":
-        from vllm_specplug.serve import vllm_cli
+        from vllm_specplug.tools.serve import vllm_cli
 
         return vllm_cli(argv[1:])
     if argv[0] == "models":

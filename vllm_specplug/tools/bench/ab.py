@@ -128,7 +128,7 @@ class Client:
     RUNS_PER_CHILD = 8
 
     def __init__(self) -> None:
-        from vllm_specplug.serve import install_version_shim
+        from vllm_specplug.tools.serve import install_version_shim
 
         install_version_shim()
         import vllm.benchmarks.serve  # noqa: F401  (inherited by every child)

@@ -230,6 +230,6 @@ def write(results: dict, out: Path, traces: dict[str, str]) -> None:
         plt.close(fig)
     for s, path in traces.items():
         if Path(path).exists():
-            from vllm_specplug.trace import plot_k_over_time, read_trace
+            from vllm_specplug.tools.trace_report import plot_k_over_time, read_trace
 
             plot_k_over_time(read_trace(path), str(out / f"k-over-time-{s}-mixed.png"))

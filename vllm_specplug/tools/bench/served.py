@@ -438,7 +438,7 @@ def vllm_bench_serve(argv: list[str], log: Path) -> None:
     code the CLI calls (``vllm.entrypoints.cli.benchmark.serve``).  Its
     report goes to ``log``.
     """
-    from vllm_specplug.serve import install_version_shim
+    from vllm_specplug.tools.serve import install_version_shim
 
     install_version_shim()  # the CPU build: vLLM asks for its own version
     from vllm.benchmarks.serve import add_cli_args, main as bench_main
