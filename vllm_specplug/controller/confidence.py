@@ -123,6 +123,40 @@ class StopRule:
     pass_cut: float          # expected tokens a further position must add to pay its pass
 
 
+def plan_stop_rule(req_ids, rows, ceilings, pr, decision, probing, estimator,
+                   calibration: ConfidenceCalibration) -> StopRule | None:
+    """A goodput plan (``decision`` at the prices ``pr``, for ``req_ids``, whose
+    estimator rows are ``rows``) as a per-position stop (``DraftStopper``), or
+    None.  ``probing``: which of them the plan probes.
+
+    Only for a goodput plan that drafts and does not pin K_step: the
+    draft loop may then run up to each request's ceiling and stops where
+    the plan's own argmax, one position at a time, says the next position
+    does not pay.  A request the plan left in fallback keeps none, and a
+    probe keeps its size; the others may keep up to their ceilings.
+    """
+    if decision.k_step <= 0 or pr.fixed_k_step is not None or pr.by_n is None:
+        return None
+    k = decision.k
+    caps = np.where((k == 0) | probing, k, ceilings)
+    n = int(k.sum())
+    # What each further verified draft adds to the step, up to every cap's worth.
+    m = min(max(int(caps.sum()), n) + 1, pr.by_n.size)
+    ratio = pr.ratios(m)
+    slot_s = np.maximum(np.diff(pr.by_n[:m] * ratio[:m]), 0.0)
+    n = min(n, ratio.size - 1)
+    # The rate the argmax maximised: the plan's tokens over its decoding
+    # seconds, the draft's unseen work owed per token.  Not the step's
+    # predicted seconds: a prefill chunk's are the step's whatever is
+    # drafted, and would price every pass of a prompt's step as paying.
+    tokens = decision.predicted_tokens
+    seconds = (pr.by_n[n] + (decision.k_step - 1) * pr.draft_pass) * ratio[n]
+    rate = tokens / max(float(seconds) + pr.owed * tokens, 1e-12)
+    return StopRule(list(req_ids), estimator.conditional(rows), caps.astype(np.int64),
+                    *calibration.observed(), calibration.edges,
+                    slot_cuts=rate * slot_s, pass_cut=rate * pr.draft_pass * ratio[n])
+
+
 class DraftStopper:
     """The stop rule over one draft loop; ``rows[i]``: batch row i's index in the
     rule, or -1 for a row the plan did not cover (drafted as vLLM would)."""

@@ -9,74 +9,24 @@ What is learnt online is acceptance.  Exploration concerns acceptance: a
 request in fallback is re-probed with a small draft on a doubling back-off,
 and only when the profile says good drafts would pay; and the one price the
 correction cannot learn by itself, a plain step at a batch size where the
-plan always drafts, which a short run of plain steps measures.
+plan always drafts, which a short run of plain steps measures (both in
+``probes.py``, whose ``Probes`` this class inherits).
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass, field
-
-import math
 
 import numba
 import numpy as np
 
 from vllm_specplug.controller.baselines import HeuristicPolicy, StaticPolicy
-from vllm_specplug.controller.confidence import ConfidenceCalibration, StopRule
-from vllm_specplug.controller.correction import ProfileCorrection, band
-from vllm_specplug.controller.estimator import (FORGETTING, INITIAL_ACCEPTANCE, PRIOR_STRENGTH,
-                                                AcceptanceEstimator)
+from vllm_specplug.controller.confidence import ConfidenceCalibration, StopRule, plan_stop_rule
+from vllm_specplug.controller.correction import ProfileCorrection
+from vllm_specplug.controller.estimator import AcceptanceEstimator
 from vllm_specplug.controller.policy import GoodputPolicy
 from vllm_specplug.controller.pricing import Decision, StepPricer
+from vllm_specplug.controller.probes import Probes, _probe_verdicts
 from vllm_specplug.controller.profile import UNKNOWN_DRAFT_RATIO, StepProfile, prior_profile
-
-
-@numba.njit(cache=True)
-def _probe_failed(r, probe_k, max_interval, backoff, probe_at, probe_size, probe_ok):
-    """Request row ``r``'s probe failed (a rejection, or no verdict in time): the
-    back-off doubles (up to ``max_interval``), the next probe is ``probe_k`` deep."""
-    probe_at[r], probe_ok[r], probe_size[r] = -1, 0, probe_k
-    backoff[r] = min(backoff[r] * 2, max_interval)
-
-
-@numba.njit(cache=True)
-def _probe_due(rows, k, ceilings, now, timeout, interval, probe_k, max_interval,
-               in_fallback, backoff, waited, probe_at, probe_size, probe_ok, due):
-    """A plan's probe bookkeeping (``SpecController._probe``), request by request.
-
-    A request granted drafts again leaves fallback (its probe state reset);
-    one granted none while its ceiling allows drafts is in fallback: a probe
-    of it pending for ``timeout`` plans fails, and one not probing waits a
-    plan more and is due after its back-off (at once after an accepted
-    probe).  Marks the due requests in ``due`` (by batch index); returns how
-    many, and how many requests came back after an accepted probe.
-    """
-    recoveries = 0
-    fallback = False
-    for i in range(rows.size):
-        r = rows[i]
-        if k[i] > 0 and in_fallback[r] != 0:
-            if probe_ok[r] != 0:
-                recoveries += 1
-            backoff[r], waited[r], probe_at[r], probe_size[r] = interval, 0, -1, probe_k
-            probe_ok[r] = 0
-        in_fallback[r] = 1 if k[i] == 0 and ceilings[i] > 0 else 0
-        fallback |= in_fallback[r] != 0
-    if not fallback:
-        return 0, recoveries
-    n = 0
-    for i in range(rows.size):
-        r = rows[i]
-        probing = probe_at[r] >= 0
-        if probing and now - probe_at[r] >= timeout:  # no verdict came
-            _probe_failed(r, probe_k, max_interval, backoff, probe_at, probe_size, probe_ok)
-            probing = False
-        if in_fallback[r] != 0 and not probing:
-            waited[r] += 1
-            if waited[r] >= backoff[r] or probe_ok[r] != 0:
-                due[i] = True
-                n += 1
-    return n, recoveries
+from vllm_specplug.controller.settings import ControllerSettings, ControllerStats, _count_plan
 
 
 @numba.njit(cache=True)
@@ -99,92 +49,12 @@ def _verified(rows, drafted, accepted):
     return out_rows, out_d, out_a, total_d, total_a
 
 
-@numba.njit(cache=True)
-def _probe_verdicts(rows, drafted, accepted, probe_k, max_interval, ceiling,
-                    backoff, probe_at, probe_size, probe_ok):
-    """Probes among one step's verifications: a probe fully accepted doubles the
-    next probe's size (up to the ceiling), one with a rejection doubles the
-    back-off (up to ``max_interval``).  Returns the probes accepted."""
-    succeeded = 0
-    for i in range(rows.size):
-        r = rows[i]
-        if probe_at[r] < 0:
-            continue
-        probe_at[r] = -1
-        if accepted[i] >= drafted[i]:
-            succeeded += 1
-            probe_ok[r] = 1
-            probe_size[r] = min(probe_size[r] * 2, max(ceiling[r], 1))
-        else:
-            _probe_failed(r, probe_k, max_interval, backoff, probe_at, probe_size, probe_ok)
-    return succeeded
-
-
-@numba.njit(cache=True)
-def _count_plan(k, ceilings, k_counts):
-    """A plan in the statistics: per-K counts; returns the slots and the requests in fallback."""
-    slots = fallback = 0
-    for i in range(k.size):
-        if k[i] < k_counts.size:
-            k_counts[k[i]] += 1
-        slots += k[i]
-        if k[i] == 0 and ceilings[i] > 0:
-            fallback += 1
-    return slots, fallback
-
-
-@dataclass
-class ControllerSettings:
-    max_k: int
-    policy: str = "goodput"
-    static_k: int | None = None
-    forgetting: float = FORGETTING
-    prior_strength: float = PRIOR_STRENGTH
-    initial_acceptance: float = INITIAL_ACCEPTANCE
-    min_gain: float = 0.02
-    probe_k: int = 1
-    probe_interval: int = 4
-    probe_max_interval: int = 32
-    # False: live step times do not correct the profile's prices.
-    profile_correction: bool = True
-
-
-@dataclass
-class ControllerStats:
-    steps: int = 0
-    sum_k_step: int = 0
-    request_steps: int = 0
-    granted_slots: int = 0
-    fallback_request_steps: int = 0
-    probes_sent: int = 0
-    probes_succeeded: int = 0
-    plain_probes: int = 0
-    recoveries: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    # k_counts[k]: request-steps that were granted k drafts.
-    k_counts: np.ndarray = field(default_factory=lambda: np.zeros(1, dtype=np.int64))
-
-    @property
-    def k_histogram(self) -> dict[int, int]:
-        return {k: int(n) for k, n in enumerate(self.k_counts.tolist()) if n}
-
-
-class SpecController:
+class SpecController(Probes):
     """Per-request state is a set of arrays indexed by the estimator's row.
 
     A decision for a batch of 64 is then a few dozen array operations instead
     of a Python loop over requests: it runs inside ``schedule()`` every step.
     """
-
-    # Per-position acceptance a probe is hoping for.
-    PROBE_OPTIMISM = 0.9
-    # Plans after which a probe with no verification counts as failed: the
-    # probe's drafts are verified one step after it is planned, and observed
-    # one step later still under async scheduling.
-    PROBE_TIMEOUT = 3
-    # Plain steps a plain probe runs (``_plain_probe``).
-    PLAIN_PROBE_STEPS = 16
 
     def __init__(self, settings: ControllerSettings, profile: StepProfile | None = None):
         if settings.max_k < 0:
@@ -467,131 +337,14 @@ class SpecController:
         return self.goodput.price(survival, k, k_step, prices)
 
     def stop_rule(self) -> StopRule | None:
-        """The last plan as a per-position stop (``DraftStopper``), or None.
-
-        Only for a goodput plan that drafts and does not pin K_step: the
-        draft loop may then run up to each request's ceiling and stops where
-        the plan's own argmax, one position at a time, says the next position
-        does not pay.  A request the plan left in fallback keeps none, and a
-        probe keeps its size; the others may keep up to their ceilings.
-        """
+        """The last plan as a per-position stop (``plan_stop_rule``), or None."""
         last, self._last_plan = self._last_plan, None
         if last is None:
             return None
         req_ids, rows, ceilings, pr, decision = last
-        if decision.k_step <= 0 or pr.fixed_k_step is not None or pr.by_n is None:
-            return None
-        k = decision.k
         probing = self._probe_at[rows] == self.stats.steps - 1
-        caps = np.where((k == 0) | probing, k, ceilings)
-        n = int(k.sum())
-        # What each further verified draft adds to the step, up to every cap's worth.
-        m = min(max(int(caps.sum()), n) + 1, pr.by_n.size)
-        ratio = pr.ratios(m)
-        slot_s = np.maximum(np.diff(pr.by_n[:m] * ratio[:m]), 0.0)
-        n = min(n, ratio.size - 1)
-        # The rate the argmax maximised: the plan's tokens over its decoding
-        # seconds, the draft's unseen work owed per token.  Not the step's
-        # predicted seconds: a prefill chunk's are the step's whatever is
-        # drafted, and would price every pass of a prompt's step as paying.
-        tokens = decision.predicted_tokens
-        seconds = (pr.by_n[n] + (decision.k_step - 1) * pr.draft_pass) * ratio[n]
-        rate = tokens / max(float(seconds) + pr.owed * tokens, 1e-12)
-        return StopRule(list(req_ids), self.estimator.conditional(rows), caps.astype(np.int64),
-                        *self.calibration.observed(), self.calibration.edges,
-                        slot_cuts=rate * slot_s, pass_cut=rate * pr.draft_pass * ratio[n])
-
-    # -- probes ------------------------------------------------------------
-    def _reset_probe(self, rows: np.ndarray) -> None:
-        s = self.settings
-        self._backoff[rows] = s.probe_interval
-        self._waited[rows] = 0
-        self._probe_at[rows] = -1
-        self._probe_size[rows] = s.probe_k
-
-    def _plain_probe(self, batch, base, decision, prices) -> Decision | None:
-        """A plain step instead of ``decision`` while a plain probe runs, else None.
-
-        The correction learns a plain step's price only from plain steps of
-        its batch size (its request band); where the plan drafts every step
-        none runs, and the price stays the profile's times errors learnt at
-        other sizes, which can be wrong in either direction (a CPU's plain
-        step at four requests was measured faster than at one).  So when a
-        decoding step's plan drafts at a band that has seen less than one
-        plain step lately (``ProfileCorrection.plain_seen``, forgotten as
-        its price is), and its predicted gain over plain is within what
-        ``PLAIN_PROBE_STEPS`` plain steps can move that price (the
-        correction's step each), the band runs that many plain steps, then
-        the argmax decides again at the price they measured.  A plan that
-        falls back by itself ends a probe.  A probe starts only once the
-        correction has timed as many steps as a probe runs, and twice that
-        since the last probe began: steps that are not timed (or not kept)
-        teach it nothing, and probes of two bands never run back to back.
-        The cost is a catch-up and the run's lost gain, once per band per
-        forgetting time; a plan whose gain no such run could overturn is
-        never probed.
-        """
-        corr = self.pricer.correction
-        at = band(float(batch), corr.BATCH_BANDS)
-        if decision.k_step <= 0:
-            if at == self._plain_probe_band:
-                self._plain_probe_left = 0
-            return None
-        if prices.fixed_k_step is not None or base > batch or not self.settings.profile_correction:
-            return None
-        if self._plain_probe_left > 0 and at == self._plain_probe_band:
-            self._plain_probe_left -= 1
-        elif (corr.plain_seen(batch) < 1.0 and corr.observations >= self._plain_probe_after
-              and decision.predicted_speedup < math.exp(self.PLAIN_PROBE_STEPS * corr.step)):
-            self._plain_probe_band, self._plain_probe_left = at, self.PLAIN_PROBE_STEPS - 1
-            self._plain_probe_after = corr.observations + 2 * self.PLAIN_PROBE_STEPS
-            self.stats.plain_probes += 1
-        else:
-            return None
-        return self.goodput.price(None, np.zeros(batch, dtype=np.int64), 0, prices)
-
-    def _probe(self, rows, ceilings, decision, survival, prices) -> Decision:
-        """Send a small probe to requests that sat in fallback long enough.
-
-        A request granted nothing while its ceiling allows drafts is in
-        fallback; after ``backoff`` such steps (at once after an accepted
-        probe, and on a new request's first step in fallback) it is due.  A
-        probe goes out only when it could pay: the same argmax, with the due
-        requests' drafts assumed good (``PROBE_OPTIMISM`` per position) and
-        the same catch-up charges, must grant them slots; the probe is no
-        deeper than that plan would grant, nor than the K_step of a plan
-        that drafts.  Its verdict arrives a step later; one that never comes
-        (``PROBE_TIMEOUT`` plans) counts as a failure.  Returns the plan to
-        send: ``decision``, or the plan with the probes, priced.
-        """
-        s = self.settings
-        due = np.zeros(rows.size, dtype=np.bool_)
-        n_due, recoveries = _probe_due(
-            rows, decision.k, ceilings, self.stats.steps, self.PROBE_TIMEOUT, s.probe_interval,
-            s.probe_k, s.probe_max_interval, self._in_fallback, self._backoff, self._waited,
-            self._probe_at, self._probe_size, self._probe_ok, due)
-        self.stats.recoveries += recoveries
-        if not n_due:
-            return decision
-        due_idx = np.flatnonzero(due)
-        k = decision.k.copy()
-        now = self.stats.steps
-        plan = self.goodput.decide_hoping(survival, ceilings, due, self._hope, prices)
-        depth = int(plan.k[due_idx].max(initial=0))
-        pinned = prices.fixed_k_step is not None
-        if decision.k_step > 0 and not pinned:
-            depth = min(depth, decision.k_step)
-        if depth <= 0:
-            return decision
-        due_rows = rows[due_idx]
-        probe_k = np.minimum(np.minimum(self._probe_size[due_rows], ceilings[due_idx]), depth)
-        k[due_idx] = probe_k
-        self._probe_at[due_rows] = now
-        self._waited[due_rows] = 0
-        self.stats.probes_sent += int(due_idx.size)
-        k_step = decision.k_step if pinned else max(decision.k_step, int(probe_k.max()))
-        # The plan as sent, probes and all, is what is priced.
-        return self.goodput.price(survival, k, k_step, prices)
+        return plan_stop_rule(req_ids, rows, ceilings, pr, decision, probing, self.estimator,
+                              self.calibration)
 
     def _account(self, rows: np.ndarray, ceilings: np.ndarray, decision: Decision) -> None:
         s = self.stats
@@ -627,4 +380,3 @@ def warm_up(settings: ControllerSettings, profile: StepProfile) -> None:
     policy.price(survival, np.ones(len(ids), dtype=np.int64), 1, prices)
     for rid in ids:
         ctrl.finish_request(rid)
-

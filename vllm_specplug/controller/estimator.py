@@ -28,6 +28,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from vllm_specplug.controller.settings import FORGETTING, INITIAL_ACCEPTANCE, PRIOR_STRENGTH
+
 
 @numba.njit(cache=True)
 def _count(counts, pooled, opened, rows, drafted, accepted, forgetting):
@@ -104,12 +106,6 @@ def _survival(counts, rows, prior_share, g, m, tie_break, surv):
         for p in range(a.shape[1]):
             run = a[i, p] if p == 0 else run * a[i, p]
             surv[rows[i], p] = run - rows[i] * tie_break
-
-
-# The estimate's defaults, also ``ControllerSettings``' (and so the server's).
-FORGETTING = 0.9
-PRIOR_STRENGTH = 0.5
-INITIAL_ACCEPTANCE = 0.6
 
 
 class AcceptanceEstimator:
