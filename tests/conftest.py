@@ -106,6 +106,26 @@ def scheduler_of(llm):
     return llm.llm_engine.engine_core.engine_core.scheduler
 
 
+def model_runner(llm):
+    return llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
+
+
+def drafter_of(llm):
+    return model_runner(llm).drafter
+
+
+def draft_model(path, k=CEILING) -> dict:
+    """A ``speculative_config`` that drafts ``k`` tokens with the model at ``path``."""
+    return {"method": "draft_model", "model": path, "num_speculative_tokens": k}
+
+
+def count_forwards(module):
+    """Counts ``module``'s forward calls: (a one-item list of the count, the hook's handle)."""
+    calls = [0]
+    handle = module.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+    return calls, handle
+
+
 def count_preemptions(sched) -> list:
     """The ids of the requests ``sched`` preempts from now on (a list that grows)."""
     preempted = []
@@ -133,6 +153,15 @@ def greedy(max_tokens=48, **kw):
 
 def token_ids(outputs):
     return [list(o.outputs[0].token_ids) for o in outputs]
+
+
+def plain_token_ids(model, prompts, max_tokens=48) -> list[list[int]]:
+    """Plain decoding's greedy tokens for ``prompts`` (an engine started and
+    shut down): what every speculative run is compared with."""
+    llm = make_llm(model)
+    outs = token_ids(llm.generate(prompts, greedy(max_tokens), use_tqdm=False))
+    shutdown(llm)
+    return outs
 
 
 def drafted_per_step(output):

@@ -9,42 +9,25 @@ with stops forced at every position and with nothing kept at all.
 import numpy as np
 import pytest
 
-from conftest import drafted_per_step, greedy, make_llm, scheduler_of, shutdown, token_ids
+from conftest import (count_forwards, draft_model, drafted_per_step, drafter_of, greedy, make_llm,
+                      plain_token_ids, scheduler_of, shutdown, token_ids)
 from vllm_specplug.controller import SpecController
 from vllm_specplug.controller.confidence import DraftStopper
-from vllm_specplug.tools.testing import prompt
+from helpers import prompt
 
 CEILING = 4
 PROMPTS = [prompt(i) for i in range(4)]
 
 
-def spec(draft):
-    return {"method": "draft_model", "model": draft, "num_speculative_tokens": CEILING}
-
-
-def drafter_of(llm):
-    core = llm.llm_engine.engine_core.engine_core
-    return core.model_executor.driver_worker.worker.model_runner.drafter
-
-
-def count_forwards(module):
-    calls = [0]
-    handle = module.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
-    return calls, handle
-
-
 @pytest.fixture(scope="module")
 def plain(tiny_models):
-    llm = make_llm(tiny_models["target"])
-    outs = token_ids(llm.generate(PROMPTS, greedy(64), use_tqdm=False))
-    shutdown(llm)
-    return outs
+    return plain_token_ids(tiny_models["target"], PROMPTS, 64)
 
 
 @pytest.fixture(scope="module")
 def perfect(tiny_models, plain):
     """The target as its own draft: confident, and always right."""
-    llm = make_llm(tiny_models["target"], speculative=spec(tiny_models["target"]),
+    llm = make_llm(tiny_models["target"], speculative=draft_model(tiny_models["target"]),
                    specplug={"draft_confidence": True})
     yield llm
     shutdown(llm)
@@ -112,7 +95,7 @@ def test_a_stop_that_keeps_nothing_offers_no_draft(perfect, plain, monkeypatch):
 
 
 def test_a_poor_draft_with_the_stop_is_exact(tiny_models, plain):
-    llm = make_llm(tiny_models["target"], speculative=spec(tiny_models["draft_bad"]),
+    llm = make_llm(tiny_models["target"], speculative=draft_model(tiny_models["draft_bad"]),
                    specplug={"draft_confidence": True})
     try:
         outs = llm.generate(PROMPTS, greedy(64), use_tqdm=False)
@@ -122,7 +105,7 @@ def test_a_poor_draft_with_the_stop_is_exact(tiny_models, plain):
 
 
 def test_turned_off_it_sends_no_rule(tiny_models, plain):
-    llm = make_llm(tiny_models["target"], speculative=spec(tiny_models["target"]),
+    llm = make_llm(tiny_models["target"], speculative=draft_model(tiny_models["target"]),
                    specplug={"draft_confidence": False})
     try:
         outs = llm.generate(PROMPTS, greedy(32), use_tqdm=False)

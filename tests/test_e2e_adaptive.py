@@ -10,9 +10,9 @@ import logging
 import numpy as np
 import pytest
 
-from conftest import (CEILING, count_preemptions, drafted_per_step, greedy, make_llm,
-                      scheduler_of, shutdown, token_ids)
-from vllm_specplug.tools.testing import prompt
+from conftest import (CEILING, count_preemptions, draft_model, drafted_per_step, greedy, make_llm,
+                      plain_token_ids, scheduler_of, shutdown, token_ids)
+from helpers import prompt
 
 PROMPTS = [prompt(i) for i in range(6)]
 LONG = 96
@@ -20,16 +20,7 @@ LONG = 96
 
 @pytest.fixture(scope="module")
 def plain(tiny_models):
-    llm = make_llm(tiny_models["target"])
-    ref = {
-        "prompts": token_ids(llm.generate(PROMPTS, greedy(LONG), use_tqdm=False)),
-    }
-    shutdown(llm)
-    return ref
-
-
-def draft_model(path):
-    return {"method": "draft_model", "model": path, "num_speculative_tokens": CEILING}
+    return {"prompts": plain_token_ids(tiny_models["target"], PROMPTS, LONG)}
 
 
 def test_good_draft_climbs_to_ceiling_and_ceiling_zero_never_drafts(tiny_models, plain):

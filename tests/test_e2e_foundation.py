@@ -9,9 +9,9 @@ import textwrap
 
 import pytest
 
-from conftest import greedy, make_llm, shutdown, token_ids
-from vllm_specplug.tools.testing import (easy_prompt, hard_prompt, make_successor_models, prompt,
-                                   repetitive_prompt)
+from conftest import greedy, make_llm, plain_token_ids, shutdown, token_ids
+from helpers import prompt, repetitive_prompt
+from vllm_specplug.tools.testing import easy_prompt, hard_prompt, make_successor_models
 
 PROMPTS = [prompt(i) for i in range(4)] + [repetitive_prompt(i) for i in range(4)]
 # n-gram lookup needs text that repeats.  The tiny random target's greedy
@@ -80,16 +80,9 @@ def test_vllm_calls_the_plugin_in_the_engine_core_process(tiny_models, tmp_path)
     assert pids - {main_pid}, "the plugin was not loaded in any other (engine-core) process"
 
 
-def _plain(model, prompts):
-    llm = make_llm(model)
-    outs = token_ids(llm.generate(prompts, greedy(), use_tqdm=False))
-    shutdown(llm)
-    return outs
-
-
 @pytest.fixture(scope="module")
 def plain_outputs(tiny_models):
-    return _plain(tiny_models["target"], PROMPTS)
+    return plain_token_ids(tiny_models["target"], PROMPTS)
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +92,7 @@ def successor_target(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def plain_ngram_outputs(successor_target):
-    return _plain(successor_target, NGRAM_PROMPTS)
+    return plain_token_ids(successor_target, NGRAM_PROMPTS)
 
 
 @pytest.mark.parametrize("method", ["draft_model", "ngram"])

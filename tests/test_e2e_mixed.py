@@ -11,7 +11,8 @@ Greedy output must equal plain decoding token for token.
 import numpy as np
 import pytest
 
-from conftest import CEILING, drafted_per_step, greedy, make_llm, shutdown, token_ids
+from conftest import (CEILING, drafted_per_step, greedy, make_llm, plain_token_ids, shutdown,
+                      token_ids)
 from vllm_specplug.tools.testing import easy_prompt, hard_prompt, make_successor_models
 
 LONG = 64
@@ -27,10 +28,7 @@ def successor_models(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def plain(successor_models):
-    llm = make_llm(successor_models["copy_target"])
-    ref = token_ids(llm.generate(PROMPTS, greedy(LONG), use_tqdm=False))
-    shutdown(llm)
-    return ref
+    return plain_token_ids(successor_models["copy_target"], PROMPTS, LONG)
 
 
 def check_mixed(outs, plain, label):

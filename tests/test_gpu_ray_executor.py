@@ -11,7 +11,7 @@ decision in ``SchedulerOutput``, and greedy output equals plain decoding.
 import pytest
 
 from conftest import CEILING, greedy, make_llm, scheduler_of, shutdown, token_ids
-from vllm_specplug.tools.testing import prompt
+from helpers import prompt
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("ray", reason="the [ray] extra is not installed")

@@ -11,13 +11,13 @@ No vLLM engine runs here.
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from helpers import free_port
 from vllm_specplug.tools.sim.engine import CellSpec
 from vllm_specplug.tools.sim.report import run_sweep
 
@@ -43,17 +43,11 @@ def test_local_ray_cluster_equals_serial(serial):
     assert not ray.is_initialized(), "the local cluster started for the sweep was left running"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def ray_cluster(tmp_path_factory):
     """``ray start --head`` on loopback, 2 CPUs; stopped at the end."""
     exe = shutil.which("ray", path=str(Path(sys.executable).parent)) or shutil.which("ray")
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ, RAY_ADDRESS="")
     tmp = tmp_path_factory.mktemp("ray")
     subprocess.run([exe, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}",

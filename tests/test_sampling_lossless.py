@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from conftest import CEILING, make_llm, shutdown
-from vllm_specplug.tools.testing import make_small_vocab_models
+from helpers import make_small_vocab_models
 
 N_REQUESTS = 1000
 MAX_TOKENS = 6

@@ -17,7 +17,7 @@ import time
 
 import requests
 
-from test_server import CONFIGS, PROMPT, Server, client, metric_sum
+from serving import CONFIGS, PROMPT, Server, client, metric_sum
 
 # One core per rank: this machine has one NUMA node, which vLLM's automatic
 # binding refuses to split.

@@ -37,7 +37,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from test_server import CONFIGS, Server, metric_sum
+from serving import CONFIGS, Server, metric_sum
 
 TESTS = Path(__file__).resolve().parent
 SOAK_ROUNDS = 5

@@ -15,34 +15,23 @@ import time
 
 import pytest
 
-from conftest import CEILING, drafted_per_step, greedy, make_llm, scheduler_of, shutdown, token_ids
-from vllm_specplug.tools.testing import prompt
+from conftest import (CEILING, draft_model, drafted_per_step, drafter_of, greedy, make_llm,
+                      plain_token_ids, scheduler_of, shutdown, token_ids)
+from helpers import free_port, prompt
 
 PROMPTS = [prompt(i) for i in range(3)]
 LONG = 96
 
 
-def draft_model(path):
-    return {"method": "draft_model", "model": path, "num_speculative_tokens": CEILING}
-
-
 @pytest.fixture(scope="module")
 def plain(tiny_models):
-    llm = make_llm(tiny_models["target"])
-    ref = token_ids(llm.generate(PROMPTS, greedy(LONG), use_tqdm=False))
-    shutdown(llm)
-    return ref
+    return plain_token_ids(tiny_models["target"], PROMPTS, LONG)
 
 
 @pytest.fixture
 def profile_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("VLLM_SPECPLUG_PROFILE_CACHE", str(tmp_path / "profiles"))
     return tmp_path / "profiles"
-
-
-def _drafter(llm):
-    core = llm.llm_engine.engine_core.engine_core
-    return core.model_executor.driver_worker.worker.model_runner.drafter
 
 
 def test_profile_is_measured_at_start_up_cached_and_reused(tiny_models, plain, profile_cache,
@@ -168,7 +157,7 @@ def test_slow_first_draft_calls_while_serving_do_not_keep_a_perfect_draft_off(
                    specplug={"profile": _fixed_profile(tmp_path / "fixed.json")})
     try:
         assert scheduler_of(llm).specplug.profile.meta["source"] == "fixed"
-        drafter = _drafter(llm)
+        drafter = drafter_of(llm)
         original = drafter.propose
         calls = {"n": 0, "slowed": 0}
 
@@ -288,11 +277,7 @@ def test_an_engine_with_kv_events_measures_nothing(tiny_models, profile_cache, m
         raise AssertionError("a throwaway scheduler was built")
 
     monkeypatch.setattr(profiling.testbench, "_Bench", no_bench)
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     llm = make_llm(tiny_models["target"], speculative=draft_model(tiny_models["target"]),
                    specplug={"profile": "auto"},
                    kv_events_config={"enable_kv_cache_events": True, "publisher": "zmq",

@@ -21,9 +21,10 @@ import os
 
 import pytest
 
-from conftest import (CEILING, acceptance, greedy, make_llm, run_with_forced_fallback,
-                      scheduler_of, shutdown, token_ids)
-from vllm_specplug.tools.testing import prompt, worker_draft_stats
+from conftest import (CEILING, acceptance, greedy, make_llm, plain_token_ids,
+                      run_with_forced_fallback, scheduler_of, shutdown, token_ids)
+from helpers import prompt
+from vllm_specplug.tools.testing import worker_draft_stats
 
 TP_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "0|1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
 PROMPTS = [prompt(i) for i in range(4)]
@@ -31,10 +32,7 @@ PROMPTS = [prompt(i) for i in range(4)]
 
 @pytest.fixture(scope="module")
 def plain(tiny_models):
-    llm = make_llm(tiny_models["target"])
-    outs = token_ids(llm.generate(PROMPTS, greedy(96), use_tqdm=False))
-    shutdown(llm)
-    return dict(zip(PROMPTS, outs))
+    return dict(zip(PROMPTS, plain_token_ids(tiny_models["target"], PROMPTS, 96)))
 
 
 @pytest.fixture(scope="module")

@@ -11,42 +11,24 @@ everywhere.
 
 import pytest
 
-from conftest import (acceptance, greedy, make_llm, run_with_forced_fallback,
-                      scheduler_of, shutdown, token_ids)
+from conftest import (acceptance, count_forwards, draft_model, drafter_of, greedy, make_llm,
+                      plain_token_ids, run_with_forced_fallback, scheduler_of, shutdown, token_ids)
 from vllm_specplug.patches import draft_model_skip
-from vllm_specplug.tools.testing import prompt
+from helpers import prompt
 
 CEILING = 4
 
 
-def drafter_of(llm):
-    core = llm.llm_engine.engine_core.engine_core
-    return core.model_executor.driver_worker.worker.model_runner.drafter
-
-
-def count_forwards(module):
-    calls = [0]
-    module.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
-    return calls
-
-
-def spec(draft):
-    return {"method": "draft_model", "model": draft, "num_speculative_tokens": CEILING}
-
-
 @pytest.fixture(scope="module")
 def plain(tiny_models):
-    llm = make_llm(tiny_models["target"])
     prompts = [prompt(i) for i in range(4)] + [prompt(9, length=200)]
-    outs = token_ids(llm.generate(prompts, greedy(96), use_tqdm=False))
-    shutdown(llm)
-    return dict(zip(prompts, outs))
+    return dict(zip(prompts, plain_token_ids(tiny_models["target"], prompts, 96)))
 
 
 @pytest.fixture(scope="module")
 def perfect(tiny_models):
     """An engine whose draft is the target: every draft should be accepted."""
-    llm = make_llm(tiny_models["target"], speculative=spec(tiny_models["target"]))
+    llm = make_llm(tiny_models["target"], speculative=draft_model(tiny_models["target"]))
     llm.generate([prompt(0)], greedy(4), use_tqdm=False)  # the drafter's first call
     yield llm
     shutdown(llm)
@@ -54,13 +36,13 @@ def perfect(tiny_models):
 
 def test_random_draft_stops_running_in_fallback(tiny_models, plain):
     # The measured profile (a random draft falls back on any price).
-    llm = make_llm(tiny_models["target"], speculative=spec(tiny_models["draft_bad"]),
+    llm = make_llm(tiny_models["target"], speculative=draft_model(tiny_models["draft_bad"]),
                    specplug={"profile": "auto"})
     try:
         drafter = drafter_of(llm)
         # The draft does not run at K_step=0: the profile was measured skipping it.
         assert scheduler_of(llm).specplug.profile.meta["zero_cost_fallback"] is True
-        calls = count_forwards(drafter.model)
+        calls, _ = count_forwards(drafter.model)
         prompts = [prompt(i) for i in range(4)]
         outs = llm.generate(prompts, greedy(96), use_tqdm=False)
         assert token_ids(outs) == [plain[p] for p in prompts]
@@ -131,7 +113,7 @@ def test_prefix_cached_blocks_from_a_skipping_request_are_repaired(perfect, plai
 
 
 def test_switch_off_keeps_vllms_first_pass(tiny_models, plain):
-    llm = make_llm(tiny_models["target"], speculative=spec(tiny_models["draft_bad"]),
+    llm = make_llm(tiny_models["target"], speculative=draft_model(tiny_models["draft_bad"]),
                    specplug={"zero_cost_fallback": False, "profile": "auto"})
     try:
         drafter = drafter_of(llm)
@@ -139,7 +121,7 @@ def test_switch_off_keeps_vllms_first_pass(tiny_models, plain):
         # measured that way: the pass belongs to the K_step=0 step.
         prof = scheduler_of(llm).specplug.profile
         assert prof.meta.get("zero_cost_fallback") is False
-        calls = count_forwards(drafter.model)
+        calls, _ = count_forwards(drafter.model)
         prompts = [prompt(i) for i in range(2)]
         outs = llm.generate(prompts, greedy(48), use_tqdm=False)
         assert token_ids(outs) == [plain[p][:48] for p in prompts]
@@ -151,7 +133,7 @@ def test_switch_off_keeps_vllms_first_pass(tiny_models, plain):
 
 def test_a_failing_catch_up_turns_the_fallback_off_and_output_stays_exact(
         tiny_models, plain, monkeypatch):
-    llm = make_llm(tiny_models["target"], speculative=spec(tiny_models["target"]))
+    llm = make_llm(tiny_models["target"], speculative=draft_model(tiny_models["target"]))
     try:
         drafter = drafter_of(llm)
 
@@ -183,7 +165,7 @@ def test_a_rank_gives_up_when_another_rank_failed(tiny_models, plain, monkeypatc
     """Under tensor parallelism a rank whose own step is fine still gives up
     when another rank failed to prepare it (their draft passes must match):
     here the other rank is simulated failing from the second skipped step on."""
-    llm = make_llm(tiny_models["target"], speculative=spec(tiny_models["target"]))
+    llm = make_llm(tiny_models["target"], speculative=draft_model(tiny_models["target"]))
     try:
         drafter = drafter_of(llm)
 

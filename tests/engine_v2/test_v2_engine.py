@@ -18,20 +18,12 @@ triton_interpreter.install()
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from conftest import (CEILING, count_preemptions, drafted_per_step, greedy,  # noqa: E402
-                      make_llm, scheduler_of, shutdown, token_ids)
-from vllm_specplug.tools.testing import prompt  # noqa: E402
+from conftest import (CEILING, count_preemptions, draft_model, drafted_per_step,  # noqa: E402
+                      greedy, make_llm, model_runner, scheduler_of, shutdown, token_ids)
+from helpers import prompt  # noqa: E402
 
 PROMPTS = [prompt(i) for i in range(6)]
 LONG = 96
-
-
-def draft_model(path):
-    return {"method": "draft_model", "model": path, "num_speculative_tokens": CEILING}
-
-
-def v2_runner(llm):
-    return llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +32,7 @@ def plain(tiny_models):
     try:
         from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 
-        assert isinstance(v2_runner(llm), GPUModelRunner), "not the V2 model runner"
+        assert isinstance(model_runner(llm), GPUModelRunner), "not the V2 model runner"
         ref = {"prompts": token_ids(llm.generate(PROMPTS, greedy(LONG), use_tqdm=False)),
                "shared": token_ids(llm.generate([PROMPTS[0]] * 3 + [PROMPTS[0] + " a b"],
                                                 greedy(LONG), use_tqdm=False))}
@@ -52,7 +44,7 @@ def plain(tiny_models):
 def count_draft_forwards(llm):
     """Forward calls of the draft model, counted with a hook; returns the list."""
     calls = []
-    speculator = v2_runner(llm).speculator
+    speculator = model_runner(llm).speculator
     speculator.model.register_forward_hook(lambda *a: calls.append(1))
     return calls
 

@@ -19,7 +19,10 @@ need easy and hard requests side by side:
   its acceptance is ~1 on ``easy_prompt`` requests and ~0 on ``hard_prompt``.
 
 ``build_scheduler``, ``make_request`` and ``FakeEngine`` run vLLM's
-scheduler (or the plugin's) with a synthetic model and no engine.
+scheduler (or the plugin's) with a synthetic model and no engine
+(``benchmarks/adapter_cost.py`` and the scheduler-level tests);
+``worker_draft_stats`` runs in vLLM's worker processes, which import it from
+here.  What only the tests use is in ``tests/helpers.py``.
 
 Nothing is fetched.
 """
@@ -35,7 +38,7 @@ VOCAB_WORDS = 1000
 SPECIALS = ["<unk>", "<s>", "</s>"]
 
 
-def _word(i: int) -> str:
+def word(i: int) -> str:
     return f"w{i}"
 
 
@@ -45,7 +48,7 @@ def build_tokenizer(folder: Path, n_words: int = VOCAB_WORDS) -> None:
 
     vocab = {tok: i for i, tok in enumerate(SPECIALS)}
     for i in range(n_words):
-        vocab[_word(i)] = len(vocab)
+        vocab[word(i)] = len(vocab)
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
@@ -181,7 +184,7 @@ def make_successor_models(root: str | os.PathLike) -> dict[str, str]:
 def easy_prompt(i: int, repeats: int = 5) -> str:
     """A short cycle written out ``repeats`` times: the model continues it."""
     start = (i * SHORT_CYCLE) % SHORT_WORDS
-    cycle = [_word(w) for w in range(start, start + SHORT_CYCLE)]
+    cycle = [word(w) for w in range(start, start + SHORT_CYCLE)]
     return " ".join(cycle * repeats)
 
 
@@ -202,7 +205,7 @@ def hard_prompt(i: int, length: int = 40) -> str:
         walk.append(t)
     np.random.default_rng(i).shuffle(walk)
     ids = walk + [start]
-    return " ".join(_word(t - len(SPECIALS)) for t in ids)
+    return " ".join(word(t - len(SPECIALS)) for t in ids)
 
 
 def make_tiny_models(root: str | os.PathLike) -> dict[str, str]:
@@ -219,26 +222,6 @@ def make_tiny_models(root: str | os.PathLike) -> dict[str, str]:
     return {k: str(v) for k, v in paths.items()}
 
 
-def make_small_vocab_models(root: str | os.PathLike, n_words: int = 8) -> dict[str, str]:
-    """A target and a draft over ``n_words`` words, for sampling statistics.
-
-    Larger weights than the other tiny models give peaked next-token
-    distributions, so a biased sampler is detectable with a few thousand
-    samples; the draft has other weights (its proposals are often rejected,
-    which exercises rejection sampling).
-    """
-    root = Path(root)
-    paths = {name: root / name for name in ("small_target", "small_draft")}
-    done = root / ".complete"
-    if not done.exists():
-        for name, seed in (("small_target", 10), ("small_draft", 11)):
-            paths[name].mkdir(parents=True, exist_ok=True)
-            build_tokenizer(paths[name], n_words)
-            build_llama(paths[name], seed, n_words + len(SPECIALS), layers=1, scale=0.5)
-        done.write_text("ok")
-    return {k: str(v) for k, v in paths.items()}
-
-
 def shutdown_llm(llm) -> None:
     """Stop an ``LLM``'s engine core now, so the next engine can start in
     this process (tests and the demo run several, one after another)."""
@@ -250,17 +233,6 @@ def shutdown_llm(llm) -> None:
         pass
     del llm
     gc.collect()
-
-
-def prompt(i: int, length: int = 12) -> str:
-    """A deterministic prompt of ``length`` words."""
-    return " ".join(_word((i * 37 + j * 11) % VOCAB_WORDS) for j in range(length))
-
-
-def repetitive_prompt(i: int, period: int = 4, repeats: int = 6) -> str:
-    """A prompt that repeats a short phrase: n-gram lookup drafts well on it."""
-    phrase = [_word((i * 13 + j * 7) % VOCAB_WORDS) for j in range(period)]
-    return " ".join(phrase * repeats)
 
 
 def worker_draft_stats(worker) -> dict:
