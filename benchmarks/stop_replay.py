@@ -255,7 +255,7 @@ def plugin(seqs, profile, cost, width: int, confidence: bool = True,
         d = ctrl.plan(rids, base_tokens=len(rids), tokens_left=left, catchup_tokens=pending,
                       catchup_if_plain=pending + len(rids))
         k_step = min(int(d.k_step), width)
-        rule = ctrl.stop_rule() if confidence else None
+        rule = ctrl.stop_rule(d) if confidence else None
         if rule is None or k_step <= 0:
             return [min(int(k), k_step) for k in d.k], k_step
         k_step = min(max(k_step, int(rule.caps.max(initial=0))), width)

@@ -129,17 +129,14 @@ def test_the_controller_sends_a_rule_only_for_an_unpinned_drafting_plan():
         ctrl.observe_verifications(ids, d.k, d.k)
     d = ctrl.plan(ids)
     assert d.k_step > 0
-    r = ctrl.stop_rule()
+    r = ctrl.stop_rule(d)
     assert r is not None and r.req_ids == ids and list(r.caps) == [4, 4]
     rate = d.predicted_tokens / d.predicted_seconds
     assert r.pass_cut == pytest.approx(rate * 0.05, rel=0.05)
-    assert ctrl.stop_rule() is None  # one rule per plan
-    ctrl.plan(ids, fixed_k_step=4)
-    assert ctrl.stop_rule() is None
+    assert ctrl.stop_rule(ctrl.plan(ids, fixed_k_step=4)) is None
     for rid in ids:
         ctrl.set_ceiling(rid, 0)
-    ctrl.plan(ids)
-    assert ctrl.stop_rule() is None
+    assert ctrl.stop_rule(ctrl.plan(ids)) is None
 
 
 def learnt(profile, acc):
@@ -171,7 +168,7 @@ def test_the_stop_agrees_with_the_argmax_on_history_alone():
     for acc in (0.5, 0.7, 0.8, 0.9, 0.97):
         ctrl = learnt(profile, acc)
         d = ctrl.plan(["a"])
-        r = ctrl.stop_rule()
+        r = ctrl.stop_rule(d)
         if d.k_step == 0:
             continue
         pos = stop_position(r)
@@ -189,7 +186,7 @@ def test_a_prefill_chunk_in_the_step_does_not_make_every_pass_pay():
         ctrl = learnt(profile, 0.8)
         d = ctrl.plan(["a"], base_tokens=1 + chunk)
         assert d.k_step > 0
-        r = ctrl.stop_rule()
+        r = ctrl.stop_rule(d)
         pos = stop_position(r)
         assert abs(pos - d.k_step) <= 1, (chunk, pos, d.k_step)
         cuts[chunk] = r.pass_cut

@@ -40,9 +40,9 @@ def test_a_fixed_k_is_granted_every_step_whatever_the_profile(profile, fixed):
     for d in run(ctrl, ids, 40, accept=0.0):  # every draft rejected: adaptive would stop
         assert d.k.tolist() == [fixed] * 3
         assert d.k_step == fixed
+        assert ctrl.stop_rule(d) is None
     assert ctrl.stats.probes_sent == 0 and ctrl.stats.plain_probes == 0
     assert ctrl.num_in_fallback() == 0
-    assert ctrl.stop_rule() is None
 
 
 def test_a_fixed_k_is_capped_by_the_ceiling_tokens_left_and_a_pinned_k_step():
@@ -74,7 +74,7 @@ def test_adaptive_requests_beside_fixed_ones_keep_their_own_plan():
     assert alone.plan(["x"]).k.tolist() == [0]  # rejected drafts on a CPU: fallback
     assert all(d.k[0] == 5 and d.k_step == 5 for d in ds)
     assert ds[-1].k[1] == 0
-    assert fixed_ctrl.stop_rule() is None
+    assert all(fixed_ctrl.stop_rule(d) is None for d in ds)
     # A fixed k of 0 leaves the step's shape to the adaptive requests.
     good = controller(MODERATE)
     good.add_request("p", None, 0)
@@ -82,4 +82,4 @@ def test_adaptive_requests_beside_fixed_ones_keep_their_own_plan():
     d = run(good, ["p", "y"], 10)[-1]
     assert d.k[0] == 0 and d.k[1] > 0 and d.k_step == d.k[1]
     assert good.num_in_fallback() == 0
-    assert good.stop_rule() is not None
+    assert good.stop_rule(d) is not None

@@ -263,3 +263,27 @@ def test_drafts_structured_output_rejects_are_not_learnt_as_rejections(tiny_mode
     run.run()
     assert marked, "no step offered more than one draft: nothing was checked"
     assert seen and all(d == a == 1 for d, a in seen), seen
+
+
+def test_the_decision_trace_records_each_plan_with_the_survival_it_read(tiny_models, tmp_path):
+    """The trace's plan records come from the plan alone (its survival rows), with
+    no fault: good drafts' first-draft acceptance ends high, bad ones' low."""
+    from vllm_specplug.tools.trace_report import read_trace
+
+    path = tmp_path / "trace.jsonl"
+    sched = build_scheduler(tiny_models["target"], False, specplug={"trace_path": str(path)})
+    accepts = {f"r{i}": always if i % 2 == 0 else never for i in range(4)}
+    for rid in accepts:
+        sched.add_request(make_request(rid, 40))
+    SyntheticRun(sched, accepts).run()
+    sched.specplug.trace.close()
+    assert sched.specplug.faults == 0
+    plans = [r for r in read_trace(str(path)) if r["event"] == "plan" and r["requests"]]
+    assert plans
+    for p in plans:
+        for x in p["requests"].values():
+            assert 0.0 <= x["acceptance"] <= 1.0 and 0.0 <= x["expected"] <= x["k"] + 1e-9
+    last = {}
+    for p in plans:
+        last.update({rid: x["acceptance"] for rid, x in p["requests"].items()})
+    assert min(last["r0"], last["r2"]) > 0.8 and max(last["r1"], last["r3"]) < 0.3, last

@@ -25,9 +25,9 @@ class ConfidenceStop:
         self.kept: dict[str, tuple[int, list]] = {}
         self.offered: dict[str, list] = {}
 
-    def rule(self, controller):
-        """This step's ``StopRule``, or None where none is sent."""
-        return controller.stop_rule() if self.allowed and self.worker_on else None
+    def rule(self, controller, decision):
+        """The ``StopRule`` of this step's plan ``decision``, or None where none is sent."""
+        return controller.stop_rule(decision) if self.allowed and self.worker_on else None
 
     def worker_report(self, report) -> None:
         self.worker_on = bool(report.on)

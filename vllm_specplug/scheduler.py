@@ -160,7 +160,7 @@ class _AdaptiveSpecMixin:
         if sp.k_step_pinned:
             k_step = vllm_k_step
         caps = decision.k
-        rule = sp.confidence.rule(sp.controller)
+        rule = sp.confidence.rule(sp.controller, decision)
         if rule is not None:
             # The draft loop may run to the deepest ceiling; the worker stops
             # it where the next position does not pay (DraftStopper).
@@ -190,7 +190,7 @@ class _AdaptiveSpecMixin:
             if sp.metrics is not None:
                 sp.metrics.record_step(effective_k_step(scheduler_output))
             if sp.trace is not None:
-                sp.trace.plan(sp.step, decision, decoding, sp.controller, k_step)
+                sp.trace.plan(sp.step, decision, decoding, k_step)
         except Exception:
             sp.fault("report")
 

@@ -35,9 +35,9 @@ class DecisionTrace:
         self._file = open(path, "a", buffering=1)
         self._t0 = time.monotonic()
 
-    def plan(self, step: int, decision, req_ids, controller, k_step_sent: int | None = None) -> None:
-        rows = controller.rows(req_ids) if req_ids else []
-        surv = controller.estimator.survival(rows) if len(req_ids) else None
+    def plan(self, step: int, decision, req_ids, k_step_sent: int | None = None) -> None:
+        """The plan ``decision`` for ``req_ids``, with the survival it read."""
+        surv = decision.survival
         requests = {}
         for i, (rid, k) in enumerate(zip(req_ids, decision.k.tolist())):
             s = surv[i]

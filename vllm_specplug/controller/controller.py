@@ -86,8 +86,6 @@ class SpecController(Probes):
         self.calibration = ConfidenceCalibration(width)
         # The survival a probe hopes for (PROBE_OPTIMISM per position).
         self._hope = self.PROBE_OPTIMISM ** np.arange(1.0, width + 1)
-        # The last plan's rows, ceilings and prices (``stop_rule``).
-        self._last_plan: tuple | None = None
         # A plain probe's request band and the plain steps it has left; the
         # correction's observations before the next may start.
         self._plain_probe_band, self._plain_probe_left = -1, 0
@@ -291,7 +289,6 @@ class SpecController(Probes):
         survival = prices = None
         if pinned.all():
             decision = Decision(k_step=0, k=np.zeros(batch, dtype=np.int64))
-            self._last_plan = None
         elif policy == "static":
             decision = self.static.decide(ceilings, fixed_k_step)
         elif policy == "heuristic":
@@ -311,10 +308,11 @@ class SpecController(Probes):
             decision = self.goodput.decide_priced(survival, ceilings, prices)
             plain = self._plain_probe(batch, base, decision, prices)
             decision = plain or self._probe(rows, ceilings, decision, survival, prices)
-            self._last_plan = (req_ids, rows, ceilings, prices, decision)
+            decision.basis = (req_ids, rows, ceilings, prices, None)
         if pinned.any():
             decision = self._with_fixed(decision, pinned, forced, fixed_k_step, survival, prices)
             ceilings = np.where(pinned, forced, ceilings)
+        decision.survival = self.estimator.survival(rows) if survival is None else survival
         self._account(rows, ceilings, decision)
         self.last_decision = decision
         return decision
@@ -330,21 +328,23 @@ class SpecController(Probes):
             k_step = fixed_k_step
         else:
             k_step = max(int(decision.k_step), int(k.max(initial=0)))
-        if int(forced[pinned].max(initial=0)) > 0:
-            self._last_plan = None
         if prices is None:
             return Decision(k_step=k_step, k=k)
-        return self.goodput.price(survival, k, k_step, prices)
+        priced = self.goodput.price(survival, k, k_step, prices)
+        if int(forced[pinned].max(initial=0)) == 0 and decision.basis is not None:
+            # The stop reads the argmax's own plan (the fixed requests draft none).
+            priced.basis = decision.basis[:4] + (decision,)
+        return priced
 
-    def stop_rule(self) -> StopRule | None:
-        """The last plan as a per-position stop (``plan_stop_rule``), or None."""
-        last, self._last_plan = self._last_plan, None
-        if last is None:
+    def stop_rule(self, decision: Decision) -> StopRule | None:
+        """``decision`` (this step's ``plan``) as a per-position stop
+        (``plan_stop_rule``), or None where it has none."""
+        if decision.basis is None:
             return None
-        req_ids, rows, ceilings, pr, decision = last
+        req_ids, rows, ceilings, pr, planned = decision.basis
         probing = self._probe_at[rows] == self.stats.steps - 1
-        return plan_stop_rule(req_ids, rows, ceilings, pr, decision, probing, self.estimator,
-                              self.calibration)
+        return plan_stop_rule(req_ids, rows, ceilings, pr, planned or decision, probing,
+                              self.estimator, self.calibration)
 
     def _account(self, rows: np.ndarray, ceilings: np.ndarray, decision: Decision) -> None:
         s = self.stats

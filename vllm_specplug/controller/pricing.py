@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -22,6 +22,12 @@ class Decision:
     predicted_tokens: float = float("nan")
     plain_seconds: float = float("nan")
     plain_tokens: float = float("nan")
+    # The estimator's survival rows the plan read (batch order), and for a
+    # goodput plan whose drafts a per-position stop may extend, what
+    # ``SpecController.stop_rule`` needs: (req_ids, rows, ceilings, prices,
+    # the argmax's decision where this one was changed after it, else None).
+    survival: np.ndarray | None = field(default=None, repr=False)
+    basis: tuple | None = field(default=None, repr=False)
 
     @property
     def predicted_speedup(self) -> float:
