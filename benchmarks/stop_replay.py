@@ -68,7 +68,8 @@ def record(args) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from vllm_specplug.tools import models
-    from vllm_specplug.tools.bench.served import SETUPS, _sources
+    from vllm_specplug.tools.bench.served_grid import _sources
+    from vllm_specplug.tools.bench.setups import SERVED_SETUPS as SETUPS
 
     setup = SETUPS["qwen"]
     target_dir, draft_dir = models.model_path(setup.target), models.model_path(setup.draft)

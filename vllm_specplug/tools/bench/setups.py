@@ -1,4 +1,9 @@
-"""What the benchmark compares: model setups, policies, workloads."""
+"""What the benchmarks compare: model setups, policies, workloads.
+
+One table of setups (``SETUPS``) for both benchmarks: the in-process one
+reads a ``Setup`` as it is; the served one (bench/served.py) reads it
+through ``ServedSetup``, with its grid from ``Setup.served``.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +17,25 @@ PROMPTS_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "prompts"
 # num_speculative_tokens_per_batch_size), as an operator would write it for a
 # CPU: fewer drafts as the batch grows, at least one.  Inclusive ranges.
 VLLM_TABLE = [[1, 1, 4], [2, 3, 3], [4, 7, 2], [8, 256, 1]]
+
+
+@dataclass(frozen=True)
+class Served:
+    """A setup's grid in the served benchmark (bench/served.py)."""
+
+    workloads: tuple[str, ...]
+    concurrency: tuple[int, ...]
+    output_tokens: int
+    requests: int  # per run at concurrency 1; waves * c at concurrency c > 1
+    rate: float  # requests per second of the Poisson cell (0: none)
+    rate_workload: str = "mixed"  # the one workload that gets the Poisson cell
+    # The grid's arms; vllm-k6, vllm-k8 and adaptive-history only when asked for (--arms).
+    arms: tuple[str, ...] = ("plain", "vllm-k2", "vllm-k4", "vllm-table", "plugin-k2", "adaptive")
+    max_prompt_tokens: int = 384
+    # For the up-front estimate only (measured costs replace it).
+    nominal_tok_s: float = 6.0
+    prefill_s_per_token: float = 0.01
+    ready_s: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -30,6 +54,29 @@ class Setup:
     nominal_tok_s: float = 3.0
     workloads: tuple[str, ...] = ("code_completion", "code_edit", "prose", "math", "json", "mixed")
     max_tokens: int = 48
+    served: Served | None = None  # its grid in the served benchmark
+
+
+@dataclass(frozen=True)
+class ServedSetup:
+    """A setup as the served benchmark reads it: the models from its ``Setup``,
+    the grid (workloads, loads, arms, estimates) from ``Setup.served``."""
+
+    setup: Setup
+
+    @property
+    def max_model_len(self) -> int:
+        return self.setup.engine_extra.get("max_model_len", 1024)
+
+    @property
+    def dtype(self) -> str | None:
+        return self.setup.engine_extra.get("dtype")
+
+    def __getattr__(self, name):
+        if name.startswith("__") or name == "setup":
+            raise AttributeError(name)
+        grid = self.setup.served
+        return getattr(grid, name) if hasattr(grid, name) else getattr(self.setup, name)
 
 
 SETUPS = {
@@ -41,6 +88,13 @@ SETUPS = {
         draft="qwen-coder-0.5b",
         engine_extra={"max_model_len": 1024},
         nominal_tok_s=2.5,
+        served=Served(
+            workloads=("humaneval", "sharegpt", "mixed", "json"), concurrency=(1, 4),
+            output_tokens=64, requests=3, rate=0.0,
+            # vLLM's batch table gives K=4 to one request and K=2 to four: at this
+            # grid's loads it is the vllm-k4 and vllm-k2 arms, so it is not run twice.
+            arms=("plain", "vllm-k2", "vllm-k4", "adaptive"),
+            nominal_tok_s=5.4, prefill_s_per_token=0.005, ready_s=65.0),
     ),
     "smollm-ngram": Setup(
         name="smollm-ngram",
@@ -51,6 +105,10 @@ SETUPS = {
         engine_extra={"max_model_len": 1024},
         nominal_tok_s=25.0,
         max_tokens=64,
+        served=Served(
+            workloads=("humaneval", "sharegpt", "mixed", "json"), concurrency=(1, 2, 4, 8),
+            output_tokens=64, requests=3, rate=1.0,
+            nominal_tok_s=26.0, prefill_s_per_token=0.001, ready_s=35.0),
     ),
     # Smoke test only: tiny random-weight models made on the spot.
     "tiny": Setup(
@@ -65,8 +123,14 @@ SETUPS = {
         nominal_tok_s=60.0,
         workloads=("easy", "hard", "mixed"),
         max_tokens=32,
+        served=Served(
+            workloads=("easy", "hard"), concurrency=(1, 2), output_tokens=16,
+            requests=2, rate=0.0, nominal_tok_s=60.0, prefill_s_per_token=0.0, ready_s=30.0),
     ),
 }
+
+# The setups the served benchmark runs, by name.
+SERVED_SETUPS = {name: ServedSetup(s) for name, s in SETUPS.items() if s.served}
 
 # Policy name -> how the spec engine is configured for it (None: the plain
 # engine).  "pin" leaves K_step to vLLM (its batch-size table).
