@@ -181,7 +181,7 @@ def test_every_policy_sees_the_same_requests(monkeypatch):
     # The controller's own static path is the fixed-K baseline exactly, step
     # times included, on a clock without cold shapes (the controller's engine
     # has its profile's shapes warm) and stalls; the noise is the same.  The
-    # controller's decision time (cost.DECISION_US) is the one difference:
+    # controller's decision time (devices.DECISION_US) is the one difference:
     # without it the step times are the same.
     monkeypatch.setattr(engine, "decision_seconds", lambda batch: 0.0)
     a, b = (run_cell(CellSpec("70b-1b", "mixed", p, 4, 1, realism=False, **FAST))

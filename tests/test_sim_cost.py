@@ -16,14 +16,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vllm_specplug.tools.sim.cost import (
-    MODELS,
+from vllm_specplug.tools.sim.analysis import (
     batch_table,
     crossover_batch,
-    make_setup,
     table_lookup,
     typical_context,
 )
+from vllm_specplug.tools.sim.cost import make_setup
+from vllm_specplug.tools.sim.devices import MODELS
 from vllm_specplug.tools.sim.engine import CellSpec, run_cell
 
 GPU_SETUPS = ("70b-1b", "8b-eagle")
@@ -114,7 +114,7 @@ def test_measured_prices_what_the_h200_table_shows():
         assert all(per_token[i] > per_token[i + 1] for i in range(len(per_token) - 1))
         assert per_token[-1] / per_token[-2] > 0.8
     # Host time and the all-reduces sit on top of the table's passes.
-    from vllm_specplug.tools.sim.cost import HOST_STEP_S
+    from vllm_specplug.tools.sim.devices import HOST_STEP_S
     s = make_setup("8b-eagle")
     cost = s.cost()
     pass_only = float(cost.tables[id(s.target)].decode(1, 1, 1024))

@@ -1,7 +1,8 @@
 """A simulator that drives the real controller at GPU scale.
 
 No vLLM import: a step-cost model (``cost``: GPU passes priced from a table
-measured on an H200, ``measured``; a roofline for devices without one),
+measured on an H200, ``measured``; a roofline for devices without one; the
+named devices and models in ``devices``, analysis over it in ``analysis``),
 acceptance processes
 and request sources (``scenarios``, ``trace``), a discrete-step engine
 (``engine``), and the sweep, tables and plots (``report``).

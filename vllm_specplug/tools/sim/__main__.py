@@ -17,7 +17,8 @@ import sys
 import time
 from pathlib import Path
 
-from vllm_specplug.tools.sim.cost import DEVICES, SETUP_KEYS
+from vllm_specplug.tools.sim.cost import SETUP_KEYS
+from vllm_specplug.tools.sim.devices import DEVICES
 from vllm_specplug.tools.sim.engine import POLICIES, CellSpec, record_trace
 from vllm_specplug.tools.sim.report import (
     cell_specs,

@@ -17,7 +17,7 @@ within one table"):
 
 ``fit_cpu`` fits the CPU device's effective bandwidth, FLOP rate and
 overheads to the plain/static points (Nelder-Mead on squared log errors);
-the fitted values are the ``"cpu"`` entry of ``cost.DEVICES``.
+the fitted values are the ``"cpu"`` entry of ``devices.DEVICES``.
 ``calibration_report`` compares the simulator with every point, the
 adaptive demo cells included (those run the real controller in the engine
 and were *not* fitted).
@@ -37,7 +37,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from vllm_specplug.tools.sim.cost import DEVICES, MODELS, Device, StepCost, make_setup
+from vllm_specplug.tools.sim.cost import StepCost, make_setup
+from vllm_specplug.tools.sim.devices import DEVICES, MODELS, Device
 from vllm_specplug.tools.sim.engine import CellSpec, Engine
 from vllm_specplug.tools.sim.scenarios import ListSource, RequestSpec
 

@@ -44,16 +44,9 @@ import numpy as np
 
 from vllm_specplug.controller import ControllerSettings, SpecController, StepProfile
 from vllm_specplug.tools.sim.clock import Realism, StepClock
-from vllm_specplug.tools.sim.cost import (
-    PassShape,
-    Setup,
-    StepCost,
-    batch_table,
-    decision_seconds,
-    make_setup,
-    table_lookup,
-    typical_context,
-)
+from vllm_specplug.tools.sim.analysis import batch_table, table_lookup, typical_context
+from vllm_specplug.tools.sim.cost import PassShape, Setup, StepCost, make_setup
+from vllm_specplug.tools.sim.devices import decision_seconds
 from vllm_specplug.tools.sim.profile import measure_profile
 from vllm_specplug.tools.sim.scenarios import RequestSpec, make_scenario
 from vllm_specplug.tools.sim.trace import Trace, TraceRequest
@@ -481,7 +474,7 @@ class Engine:
             self.draft_gap[scheduled] = 0
         if isinstance(self.policy, Controller):
             # The controller's plan and learning run on the scheduler's
-            # critical path (cost.DECISION_US; an assumption of the host).
+            # critical path (devices.DECISION_US; an assumption of the host).
             seconds += decision_seconds(len(planned))
         true_seconds = seconds
         seconds = self.timer.seconds(true_seconds, tokens_scheduled, spec and k_step > 0)

@@ -13,15 +13,15 @@ from pathlib import Path
 
 import numpy as np
 
-from vllm_specplug.tools.sim.cost import (
-    DEVICES,
+from vllm_specplug.tools.sim.analysis import (
     batch_table,
     best_static_by_batch,
     crossover_batch,
     describe,
-    make_setup,
     typical_context,
 )
+from vllm_specplug.tools.sim.cost import make_setup
+from vllm_specplug.tools.sim.devices import DEVICES
 from vllm_specplug.tools.sim.engine import POLICIES, STATIC_KS, CellSpec, run_cell
 
 BASELINES = ("plain",) + tuple(f"static-{k}" for k in STATIC_KS)
