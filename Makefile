@@ -48,7 +48,7 @@ test: venv $(SIDES)
 # Controller and config only: no engine, a few seconds.
 test-fast: venv
 	$(BIN)/python -m pytest -q tests/test_estimator.py tests/test_profile.py tests/test_policy.py \
-	    tests/test_controller.py tests/test_fixed_k.py tests/test_config.py
+	    tests/test_controller.py tests/test_fixed_k.py tests/test_config.py tests/test_constants.py
 
 demo: venv
 	$(BIN)/python -m vllm_specplug.tools.models fetch qwen-coder-pair

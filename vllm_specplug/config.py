@@ -174,6 +174,7 @@ class SpecPlugConfig:
 # Largest per-request ceiling accepted at all.  A value between the server's
 # ceiling and this is clamped to the server's ceiling (a per-request ceiling
 # can only lower K); anything larger is certainly a client bug.
+# Not tuned: a validation bound.
 MAX_REQUEST_K = 1024
 
 REQUEST_KEYS = {

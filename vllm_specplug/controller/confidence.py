@@ -44,9 +44,12 @@ import numpy as np
 
 # Confidence bins (the draft's top-1 probability), fine where greedy drafts
 # are usually accepted.
+# Source: the Qwen pair's served trace at 81f3590 (half the verified drafts
+# above 0.995); confidence_replay.py on 7 traces.
 EDGES = np.array([0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.98, 0.995])
 # Outcomes the request's history estimate weighs as, against a bin's own:
 # a bin with fewer follows the history more.
+# Source: confidence_replay.py: 1 and 16 score 0.987 / 1.071 of its log loss.
 PRIOR_WEIGHT = 4.0
 
 

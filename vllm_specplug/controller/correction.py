@@ -74,11 +74,21 @@ class ProfileCorrection:
     is priced from other bands' errors only (``SpecController`` probes it).
     """
 
-    BANDS = 24        # token bands
-    BATCH_BANDS = 12  # request bands
+    # Power-of-two bands of a step's tokens and of its requests.
+    # Source: dd2c4cc (the request bands: served ShareGPT c=4 drafting steps
+    # measured/predicted 1.00-1.04, 1.07-1.18 keyed by tokens alone).
+    BANDS = 24
+    BATCH_BANDS = 12
+    # At most this much (in log) a step; ratios clipped to [LOW, HIGH];
+    # residuals, level and offset forgotten by FORGET a step.
+    # Source: the stall and warm-up tests (test_profile.py); constants_sweep.py
+    # at 59dd374: a 0.8-1.25 clip and a forgetting of 0 or 0.02 decide alike.
+    STEP = 0.02
+    LOW, HIGH = 0.5, 2.0
+    FORGET = 0.002
 
-    def __init__(self, step: float = 0.02, low: float = 0.5, high: float = 2.0,
-                 forget: float = 0.002) -> None:
+    def __init__(self, step: float = STEP, low: float = LOW, high: float = HIGH,
+                 forget: float = FORGET) -> None:
         self.step = step
         # A shape no step visits any more drifts back to the level, instead
         # of keeping an old price.

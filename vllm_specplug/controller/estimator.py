@@ -25,87 +25,10 @@ moved), so a decision for a whole batch reads it with one gather.
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
+from vllm_specplug.controller.estimator_kernels import _conditional, _count, _survival
 from vllm_specplug.controller.settings import FORGETTING, INITIAL_ACCEPTANCE, PRIOR_STRENGTH
-
-
-@numba.njit(cache=True)
-def _count(counts, pooled, opened, rows, drafted, accepted, forgetting):
-    """Fold one step's verifications into the forgotten counts and the pool;
-    returns the rows counted (not a request's first verification, nor one
-    that drafted nothing)."""
-    width = counts.shape[2]
-    counted = np.empty(rows.size, dtype=np.int64)
-    step = np.zeros((2, width))  # whole counts: summed exactly, added at once
-    n = 0
-    for i in range(rows.size):
-        r = rows[i]
-        if drafted[i] <= 0:
-            continue
-        if not opened[r]:
-            opened[r] = True
-            continue
-        tried = min(drafted[i], width)
-        kept = min(max(accepted[i], 0), tried)
-        for p in range(width):
-            # Successes: positions before the first rejection; trials: those
-            # and the first rejection, if any; later ones were never tested.
-            success = 1.0 if p < kept else 0.0
-            trial = 1.0 if p < min(kept + 1, tried) else 0.0
-            counts[r, 0, p] = counts[r, 0, p] * forgetting + success
-            counts[r, 1, p] = counts[r, 1, p] * forgetting + trial
-            step[0, p] += success
-            step[1, p] += trial
-        counted[n] = r
-        n += 1
-    if n:
-        pooled += step
-    return counted[:n]
-
-
-@numba.njit(cache=True)
-def _conditional(counts, rows, prior_share, g, m):
-    """``AcceptanceEstimator.conditional`` of ``rows`` for the pooled profile ``g``:
-    position p's prior weighs the pool by ``prior_share[p]`` and the row's own
-    estimate at p - 1 by the rest of ``m``."""
-    n, width = rows.size, counts.shape[2]
-    a, inv, cum_b = np.empty((n, width)), np.empty((n, width)), np.empty((n, width))
-    smallest = 1.0
-    for i in range(n):
-        cum = 1.0
-        for p in range(width):
-            inv[i, p] = 1.0 / (counts[rows[i], 1, p] + m)
-            a[i, p] = (counts[rows[i], 0, p] + prior_share[p] * g[p]) * inv[i, p]
-            if p > 0:
-                cum *= (m - prior_share[p]) * inv[i, p]
-            cum_b[i, p] = cum
-        smallest = min(smallest, cum)
-    if width == 1:
-        return a
-    for i in range(n):
-        if smallest > 1e-200:
-            total = 0.0
-            for p in range(width):
-                total += a[i, p] / cum_b[i, p]
-                a[i, p] = total * cum_b[i, p]
-        else:
-            for p in range(1, width):
-                a[i, p] += (m - prior_share[p]) * inv[i, p] * a[i, p - 1]
-    return a
-
-
-@numba.njit(cache=True)
-def _survival(counts, rows, prior_share, g, m, tie_break, surv):
-    """``surv[rows]``: the running product of the conditional acceptance, less
-    ``tie_break`` times the row."""
-    a = _conditional(counts, rows, prior_share, g, m)
-    for i in range(rows.size):
-        run = 1.0
-        for p in range(a.shape[1]):
-            run = a[i, p] if p == 0 else run * a[i, p]
-            surv[rows[i], p] = run - rows[i] * tie_break
 
 
 class AcceptanceEstimator:
@@ -123,9 +46,7 @@ class AcceptanceEstimator:
         self.forgetting = forgetting
         self.prior_strength = prior_strength
         self.initial_acceptance = initial_acceptance
-        # Pseudo-trials that anchor the global profile to the prior; small so
-        # a few dozen observations replace it.
-        self._global_prior_trials = 4.0
+        self._global_prior_trials = self.POOL_ANCHOR
 
         # Forgotten successes and trials, per row and position, in one table
         # (_succ and _trials are views of it) so a step's update is one
@@ -147,10 +68,16 @@ class AcceptanceEstimator:
         # Global profile the cached survival rows were computed with.
         self._surv_profile = self.global_profile()
 
+    # Pseudo-trials that anchor the pool to ``initial_acceptance``; small so a
+    # few dozen observations replace it.
+    # Source: constants_sweep.py at 59dd374: 1 and 16 within the noise.
+    POOL_ANCHOR = 4.0
     # The share of a deeper position's prior taken from the request's own
     # estimate at the position before (the rest from the pool): without it a
     # request that accepts all it is offered (censored at the end) would be
     # held to the pool's depth (see conditional).
+    # Source: constants_sweep.py at d7f86db: 0 (pool only) -0.010 to -0.025 on the
+    # switch and mixed cells at one request; 0.25 and 0.75 within the noise.
     OWN_PREVIOUS_SHARE = 0.5
 
     def _set_prior_strength(self, strength: float) -> None:
@@ -192,6 +119,7 @@ class AcceptanceEstimator:
     # the verified outcomes better than forgetting per observation, and
     # halves the overestimate in the first steps of the requests that
     # follow a change of workload.
+    # Source: daf5895, estimator_replay.py on 9 Qwen traces: 0.5-0.8 alike, 0.6 best.
     POOL_FORGETTING = 0.6
 
     def remove(self, req_id: str) -> None:
@@ -229,6 +157,7 @@ class AcceptanceEstimator:
     # A request's estimate is refreshed whenever it is observed; the others
     # follow the global profile once it has moved by this much (absolute
     # acceptance, any position).  Staleness below it changes no decision.
+    # Source: constants_sweep.py at 59dd374: 0 and 0.05 moved no cell by 0.01.
     PROFILE_TOLERANCE = 0.01
 
     # -- learning ----------------------------------------------------------
@@ -273,14 +202,18 @@ class AcceptanceEstimator:
     # is re-estimated every POOL_EVERY observed steps from how alike the
     # live requests are (empirical Bayes), between the configured strength
     # and POOL_MAX_STRENGTH, once POOL_MIN_ROWS requests have drafted.
+    # Source: 5feab62 (the mechanism: simulator 0.982 -> 0.992 of the best fixed);
+    # constants_sweep.py at 59dd374: every 1 or 32 steps, 4 or 16 rows decide alike.
     POOL_EVERY = 8
     POOL_MIN_ROWS = 8
     POOL_MAX_STRENGTH = 16.0
     # The pull while fewer than POOL_MIN_ROWS requests can be compared (see
     # _update_prior_strength).
+    # Source: c222268 (test_sim.py c=1 cells, 6 seeds: 0.988 -> 0.994).
     POOL_FEW_STRENGTH = 4.0
     # A change of the pull under this share of it is ignored (it would
     # refresh every live row for a negligible change).
+    # Source: constants_sweep.py at d7f86db: 0 and 0.3 within the noise.
     PULL_CHANGE = 0.1
 
     def _update_prior_strength(self) -> bool:
@@ -383,6 +316,7 @@ class AcceptanceEstimator:
     # Subtracted per row (times the row index) from the cached survival so
     # that no two requests hold exactly equal values: a policy that cuts the
     # table at a threshold then selects exactly the slots it counted.
+    # Not tuned: correctness (test_decision_equivalence.py, test_policy.py).
     TIE_BREAK = 1e-12
 
     def _refresh_survival(self, rows: np.ndarray) -> None:

@@ -26,6 +26,7 @@ import numpy as np
 from vllm_specplug.controller.argmax import (_best_plan, _candidates, _slots_gain,
                                              _with_rows_replaced)
 from vllm_specplug.controller.pricing import Decision, StepPricer, StepPrices, _Prices
+from vllm_specplug.controller.settings import MIN_GAIN
 
 
 class GoodputPolicy(StepPrices):
@@ -72,7 +73,7 @@ class GoodputPolicy(StepPrices):
 
     name = "goodput"
 
-    def __init__(self, min_gain: float = 0.02) -> None:
+    def __init__(self, min_gain: float = MIN_GAIN) -> None:
         # Speculation must promise at least this relative gain over plain
         # decoding: a bias toward plain decoding of estimates near 1.0x (it
         # moves break-even, it remembers nothing; the catch-up charge is what

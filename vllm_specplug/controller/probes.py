@@ -96,12 +96,16 @@ class Probes:
     goodput policy)."""
 
     # Per-position acceptance a probe is hoping for.
+    # Source: 5feab62 (the depth it caps: simulated 70B + 1B c=128 0.89 -> 0.98 of
+    # static K=1); constants_sweep.py at 59dd374: 0.7 and 1.0 each cost a cell 0.031.
     PROBE_OPTIMISM = 0.9
     # Plans after which a probe with no verification counts as failed: the
     # probe's drafts are verified one step after it is planned, and observed
     # one step later still under async scheduling.
+    # Not tuned: the verdict lag (59846f7).
     PROBE_TIMEOUT = 3
     # Plain steps a plain probe runs (``_plain_probe``).
+    # Source: the plain-probe tests (test_controller.py); not swept.
     PLAIN_PROBE_STEPS = 16
 
     def _reset_probe(self, rows: np.ndarray) -> None:

@@ -301,6 +301,7 @@ class StepProfile:
 # The draft's share of the target's parameters when it cannot be counted
 # (a controller built without a profile, a config without sizes): about the
 # Qwen2.5-Coder 0.5B draft's share of its 1.5B target.
+# Source: the parameter share; constants_sweep.py at d7f86db (profile: off).
 UNKNOWN_DRAFT_RATIO = 0.3
 
 
@@ -308,6 +309,9 @@ UNKNOWN_DRAFT_RATIO = 0.3
 # a step on a CPU (compute-bound almost at once) and on a GPU (memory-bound
 # small steps); a draft pass as this share of the draft's parameter share;
 # a lookup proposer's host work per request.
+# Source: SIMULATOR.md "CPU calibration" (CPU); the GPU's x0.5 / x2 variants decide
+# alike (no measured GPU value); d7f86db (draft factor 0.5 -> 1.0: the Qwen pair's
+# profiles); the SmolLM2 + n-gram profiles (lookup pass 0.003-0.0055 of a plain step).
 PRIOR_TOKEN_COST_CPU = 0.25
 PRIOR_TOKEN_COST_GPU = 0.02
 PRIOR_DRAFT_FACTOR = 1.0

@@ -9,11 +9,27 @@ from dataclasses import dataclass, field
 import numba
 import numpy as np
 
-# The acceptance estimate's defaults (``AcceptanceEstimator``'s), also
-# ``ControllerSettings``' (and so the server's).
+# The defaults of ``ControllerSettings`` (and so of the config and the
+# server).  Each tuned value names its source; docs/internals.md ("Constants
+# that shape decisions") has the measurements, tests/test_constants.py keeps
+# the two in step.
+#
+# The acceptance estimate (``AcceptanceEstimator``): a verification's weight
+# kept per new one; the pull toward the pool (pseudo-trials); the pool's
+# acceptance before anything is observed.
+# Source: 97a4086 (0.85 / 2 never put an always-failing request below ~0.14);
+# constants_sweep.py at 59dd374: 0.8, 0.1, 0.4 and 0.8 within the noise.
 FORGETTING = 0.9
 PRIOR_STRENGTH = 0.5
 INITIAL_ACCEPTANCE = 0.6
+# The gain over plain decoding a plan must promise (``GoodputPolicy``).
+# Source: constants_sweep.py at 59dd374: 0 let the CPU zero-cost drift cell fall to 0.967.
+MIN_GAIN = 0.02
+# A probe's first size, and its back-off (steps, doubled per failed probe up to the cap).
+# Source: constants_sweep.py at 59dd374: flat around each (a 1-step back-off: 2 cells under 0.97).
+PROBE_K = 1
+PROBE_INTERVAL = 4
+PROBE_MAX_INTERVAL = 32
 
 
 @numba.njit(cache=True)
@@ -37,10 +53,10 @@ class ControllerSettings:
     forgetting: float = FORGETTING
     prior_strength: float = PRIOR_STRENGTH
     initial_acceptance: float = INITIAL_ACCEPTANCE
-    min_gain: float = 0.02
-    probe_k: int = 1
-    probe_interval: int = 4
-    probe_max_interval: int = 32
+    min_gain: float = MIN_GAIN
+    probe_k: int = PROBE_K
+    probe_interval: int = PROBE_INTERVAL
+    probe_max_interval: int = PROBE_MAX_INTERVAL
     # False: live step times do not correct the profile's prices.
     profile_correction: bool = True
 

@@ -32,10 +32,13 @@ import time
 from vllm_specplug.deployment import catch_up_tokens
 from vllm_specplug.profiling.rounds import BUDGET_S
 
+# Prompt tokens of the measurement's dummy requests.
+# Source: constants_sweep.py at d7f86db: 8 and 128 within the noise.
 PROMPT_TOKENS = 32
 _REQ_PREFIX = "specplug-profile-"
 # Seconds after which the measurement gives up (the policy then prices
 # from parameter counts): a step never ends the measurement on its own.
+# Not tuned: a safety stop (the longest measurement seen: 51 s).
 DEADLINE_S = 4 * BUDGET_S
 
 

@@ -15,6 +15,8 @@ from vllm_specplug.profiling import testbench
 from vllm_specplug.profiling.rounds import lead_in
 
 # Timed repeats of one shape where a shape is timed on its own (validate).
+# Source: ea72ce0 (two samples priced K=1 5x off); validate_check.py at fdfee3c:
+# any warm-up 0-2 / repeats 1-5 and a 0.25 tolerance keep all 4 starts' tables.
 REPEATS = 3
 WARMUP = 1
 VALIDATE_TOLERANCE = 0.25
