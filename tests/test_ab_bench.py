@@ -62,7 +62,8 @@ def test_ab_mode_end_to_end_on_tiny_models(tmp_path):
     assert cell["differs_from_plain"] == []  # one server, every arm, plain's greedy text
     assert set(cell["vs"]) == {"plain", "k2"} and cell["best_fixed"] == "k2"
     assert cell["vs"]["plain"]["lo"] <= cell["vs"]["plain"]["ratio"] <= cell["vs"]["plain"]["hi"]
-    assert (out / "ab-ratios.png").is_file() and "Repeatability" in (out / "results.md").read_text()
+    assert (out / "ab-ratios.png").is_file() and (out / "ab-speedup.png").is_file()
+    assert "Repeatability" in (out / "results.md").read_text()
     (out / "results.md").unlink()
     assert ab.main(["--ab", "--render", str(out)]) == 0
     assert json.loads((out / "results.json").read_text())["cells"] == res["cells"]

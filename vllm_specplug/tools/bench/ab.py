@@ -336,6 +336,39 @@ def write(res: dict, out: Path) -> None:
     fig.tight_layout()
     fig.savefig(out / "ab-ratios.png", dpi=110)
     plt.close(fig)
+    plot_speedup(res, setups, out / "ab-speedup.png", plt)
+
+
+def plot_speedup(res: dict, setups: list[str], path: Path, plt) -> None:
+    """Speedup over plain decoding against load, per workload: the adaptive arm
+    (solid, its 90% interval) and the cell's best fixed k (dashed, point)."""
+    fig, axes = plt.subplots(1, len(setups), figsize=(6 * len(setups), 4.0), squeeze=False)
+    for ax, s in zip(axes[0], setups):
+        cells = [c for c in res["cells"] if c["setup"] == s and not c["repeat"]
+                 and c["vs"].get("plain")]
+        loads = sorted({c["concurrency"] for c in cells})
+        for i, w in enumerate(dict.fromkeys(c["workload"] for c in cells)):
+            row = sorted((c for c in cells if c["workload"] == w), key=lambda c: c["concurrency"])
+            x = [loads.index(c["concurrency"]) + 0.06 * (i - 1.5) for c in row]
+            v = [c["vs"]["plain"] for c in row]
+            line = ax.errorbar(x, [r["ratio"] for r in v],
+                               yerr=[[r["ratio"] - r["lo"] for r in v],
+                                     [r["hi"] - r["ratio"] for r in v]],
+                               fmt="-o", capsize=3, label=f"{w}: adaptive")
+            best = [c["arms"][c["best_fixed"]]["tok_s"] / c["arms"]["plain"]["tok_s"]
+                    if c["best_fixed"] else np.nan for c in row]
+            ax.plot(x, best, "--", marker="x", color=line[0].get_color(), alpha=0.7,
+                    label=f"{w}: best fixed k")
+        ax.axhline(1.0, color="grey", lw=0.8, ls=":")
+        ax.set_xticks(range(len(loads)), [f"{c} request{'s' if c > 1 else ''}" for c in loads])
+        ax.set_title(res["meta"]["setups"][s], fontsize=9)
+        ax.set_ylabel("output tokens/s over plain decoding")
+        ax.legend(fontsize=6, ncol=2)
+    fig.suptitle("Served speedup over load (interleaved A/B on one server; bars: 90% interval)",
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 # -- the run ---------------------------------------------------------------
