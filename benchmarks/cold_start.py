@@ -26,7 +26,7 @@ import numpy as np
 
 from vllm_specplug.tools.sim.clock import Realism, StepClock
 from vllm_specplug.tools.sim.cost import make_setup
-from vllm_specplug.tools.sim.engine import Controller
+from vllm_specplug.tools.sim.policies import Controller
 
 
 def run(alpha: float, runs: int, seed: int, requests: int = 2, tokens: int = 32,

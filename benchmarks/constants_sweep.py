@@ -42,7 +42,7 @@ from vllm_specplug.controller import ControllerSettings
 from vllm_specplug.controller.correction import ProfileCorrection
 from vllm_specplug.controller.estimator import AcceptanceEstimator
 from vllm_specplug.controller.profile import prior_profile
-from vllm_specplug.tools.sim.engine import CellSpec
+from vllm_specplug.tools.sim.cell import CellSpec
 from vllm_specplug.tools.sim.report import aggregate, run_sweep, summarize
 
 GPU_SETUPS = ("70b-1b", "8b-eagle")

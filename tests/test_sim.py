@@ -19,7 +19,8 @@ import pytest
 
 from test_sim_cost import FAST, GPU_SETUPS
 from vllm_specplug.tools.sim.cost import make_setup
-from vllm_specplug.tools.sim.engine import CellSpec, record_trace, run_cell
+from vllm_specplug.tools.sim.cell import CellSpec
+from vllm_specplug.tools.sim.run import record_trace, run_cell
 from vllm_specplug.tools.sim.report import aggregate, run_sweep, summarize
 from vllm_specplug.tools.sim.trace import TraceError, read_trace, write_trace
 
@@ -27,7 +28,9 @@ SCENARIOS = ("easy", "hard", "mixed", "drift", "switch")
 
 
 def test_drafts_planned_in_a_step_are_verified_in_the_next():
-    from vllm_specplug.tools.sim.engine import Engine, Policy, setup_for
+    from vllm_specplug.tools.sim.cell import setup_for
+    from vllm_specplug.tools.sim.engine import Engine
+    from vllm_specplug.tools.sim.policies import Policy
 
     class ThreeOnceThenNone(Policy):
         calls = 0

@@ -24,7 +24,8 @@ from vllm_specplug.tools.sim.analysis import (
 )
 from vllm_specplug.tools.sim.cost import make_setup
 from vllm_specplug.tools.sim.devices import MODELS
-from vllm_specplug.tools.sim.engine import CellSpec, run_cell
+from vllm_specplug.tools.sim.cell import CellSpec
+from vllm_specplug.tools.sim.run import run_cell
 
 GPU_SETUPS = ("70b-1b", "8b-eagle")
 FAST = dict(warmup=0.5, measure=0.5)  # half a generation of warm-up, half measured
@@ -179,7 +180,9 @@ def test_zero_cost_fallback_removes_the_draft_pass_at_k0():
 def test_zero_cost_fallback_pays_the_catch_up_when_drafting_resumes():
     # The plugin's zero-cost fallback skips the draft at K_step=0 and, before
     # it drafts again, runs it over every token it skipped.
-    from vllm_specplug.tools.sim.engine import Engine, Policy, setup_for
+    from vllm_specplug.tools.sim.cell import setup_for
+    from vllm_specplug.tools.sim.engine import Engine
+    from vllm_specplug.tools.sim.policies import Policy
 
     class SixPlainThenRunTheDraft(Policy):
         # K_step 1 from the seventh step, keeping no drafts: every drafting

@@ -19,7 +19,9 @@ from pathlib import Path
 
 from vllm_specplug.tools.sim.cost import SETUP_KEYS
 from vllm_specplug.tools.sim.devices import DEVICES
-from vllm_specplug.tools.sim.engine import POLICIES, CellSpec, record_trace
+from vllm_specplug.tools.sim.cell import CellSpec
+from vllm_specplug.tools.sim.policies import POLICIES
+from vllm_specplug.tools.sim.run import record_trace
 from vllm_specplug.tools.sim.report import (
     cell_specs,
     controller_sha,

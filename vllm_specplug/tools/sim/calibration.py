@@ -39,7 +39,8 @@ import numpy as np
 
 from vllm_specplug.tools.sim.cost import StepCost, make_setup
 from vllm_specplug.tools.sim.devices import DEVICES, MODELS, Device
-from vllm_specplug.tools.sim.engine import CellSpec, Engine
+from vllm_specplug.tools.sim.cell import CellSpec
+from vllm_specplug.tools.sim.engine import Engine
 from vllm_specplug.tools.sim.scenarios import ListSource, RequestSpec
 
 DEMO_TOKENS = 32

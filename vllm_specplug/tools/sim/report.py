@@ -22,7 +22,9 @@ from vllm_specplug.tools.sim.analysis import (
 )
 from vllm_specplug.tools.sim.cost import make_setup
 from vllm_specplug.tools.sim.devices import DEVICES
-from vllm_specplug.tools.sim.engine import POLICIES, STATIC_KS, CellSpec, run_cell
+from vllm_specplug.tools.sim.cell import CellSpec
+from vllm_specplug.tools.sim.policies import POLICIES, STATIC_KS
+from vllm_specplug.tools.sim.run import run_cell
 
 BASELINES = ("plain",) + tuple(f"static-{k}" for k in STATIC_KS)
 TARGET_RATIO = 0.97
