@@ -43,7 +43,8 @@ from vllm_specplug.controller.correction import ProfileCorrection
 from vllm_specplug.controller.estimator import AcceptanceEstimator
 from vllm_specplug.controller.profile import prior_profile
 from vllm_specplug.tools.sim.cell import CellSpec
-from vllm_specplug.tools.sim.report import aggregate, run_sweep, summarize
+from vllm_specplug.tools.sim.report import aggregate, summarize
+from vllm_specplug.tools.sim.sweep import run_sweep
 
 GPU_SETUPS = ("70b-1b", "8b-eagle")
 SCENARIOS = ("easy", "hard", "mixed", "drift", "switch")

@@ -21,7 +21,8 @@ from test_sim_cost import FAST, GPU_SETUPS
 from vllm_specplug.tools.sim.cost import make_setup
 from vllm_specplug.tools.sim.cell import CellSpec
 from vllm_specplug.tools.sim.run import record_trace, run_cell
-from vllm_specplug.tools.sim.report import aggregate, run_sweep, summarize
+from vllm_specplug.tools.sim.report import aggregate, summarize
+from vllm_specplug.tools.sim.sweep import run_sweep
 from vllm_specplug.tools.sim.trace import TraceError, read_trace, write_trace
 
 SCENARIOS = ("easy", "hard", "mixed", "drift", "switch")

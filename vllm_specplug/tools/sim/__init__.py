@@ -6,7 +6,8 @@ named devices and models in ``devices``, analysis over it in ``analysis``),
 acceptance processes
 and request sources (``scenarios``, ``trace``), a discrete-step engine
 (``engine``; its policies in ``policies``, a cell's spec in ``cell``, running
-one in ``run``), and the sweep, tables and plots (``report``).
+one in ``run``), and the sweep (``sweep``), tables (``report``), plots (``plots``) and
+provenance (``provenance``).
 ``python -m vllm_specplug.tools.sim --help`` runs it; ``benchmarks/SIMULATOR.md``
 explains it.
 """

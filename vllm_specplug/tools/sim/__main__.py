@@ -22,15 +22,10 @@ from vllm_specplug.tools.sim.devices import DEVICES
 from vllm_specplug.tools.sim.cell import CellSpec
 from vllm_specplug.tools.sim.policies import POLICIES
 from vllm_specplug.tools.sim.run import record_trace
-from vllm_specplug.tools.sim.report import (
-    cell_specs,
-    controller_sha,
-    git_rev,
-    meta_for,
-    run_sweep,
-    write_outputs,
-)
+from vllm_specplug.tools.sim.provenance import controller_sha, git_rev, meta_for
+from vllm_specplug.tools.sim.report import write_outputs
 from vllm_specplug.tools.sim.scenarios import PARAMETRIC, make_scenario
+from vllm_specplug.tools.sim.sweep import cell_specs, run_sweep
 from vllm_specplug.tools.sim.trace import write_trace
 from vllm_specplug.tools.sweeps import RayUnavailable
 

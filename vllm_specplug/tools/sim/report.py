@@ -1,14 +1,10 @@
-"""The sweep, its summary (crossover, regret), a Markdown table, PNGs, JSON."""
+"""The sweep's summary (crossover, regret), a Markdown table, JSON; the sweep
+itself is in ``sweep.py``, the plots in ``plots.py``, provenance in
+``provenance.py``."""
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import subprocess
-import sys
-import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -22,100 +18,12 @@ from vllm_specplug.tools.sim.analysis import (
 )
 from vllm_specplug.tools.sim.cost import make_setup
 from vllm_specplug.tools.sim.devices import DEVICES
-from vllm_specplug.tools.sim.cell import CellSpec
+from vllm_specplug.tools.sim.plots import plot
 from vllm_specplug.tools.sim.policies import POLICIES, STATIC_KS
-from vllm_specplug.tools.sim.run import run_cell
+from vllm_specplug.tools.sim.sweep import run_sweep  # noqa: F401  (tests/test_ray_sweeps reads it here)
 
 BASELINES = ("plain",) + tuple(f"static-{k}" for k in STATIC_KS)
 TARGET_RATIO = 0.97
-
-
-def cell_specs(setups, scenarios, policies, concurrency, seeds, **opts) -> list[CellSpec]:
-    specs = []
-    for setup in setups:
-        cap = make_setup(setup, gpu=opts.get("gpu", "h200")).max_concurrency
-        for scenario in scenarios:
-            for c in concurrency:
-                if c > cap:
-                    continue
-                for policy in policies:
-                    for seed in range(seeds):
-                        specs.append(CellSpec(setup, scenario, policy, c, seed, **opts))
-    return specs
-
-
-def _cost_rank(spec: CellSpec) -> float:
-    heavy = spec.policy in ("goodput", "heuristic") or spec.policy.startswith("ctrl-")
-    return -(spec.concurrency * (20 if heavy else 1)) * (spec.warmup + spec.measure)
-
-
-def run_sweep(specs: list[CellSpec], jobs: int = 1, progress: bool = True,
-              ray_address: str | None = None) -> list[dict]:
-    """Map ``run_cell`` over ``specs`` (in parallel with ``jobs`` > 1, or as
-    Ray tasks when ``ray_address`` is given: ``"local"``, ``"auto"`` or
-    ``HOST:PORT``, see ``vllm_specplug.tools.sweeps``); results come back in the
-    order of ``specs``, the same whichever way they ran."""
-    order = sorted(range(len(specs)), key=lambda i: _cost_rank(specs[i]))
-    results: list[dict | None] = [None] * len(specs)
-    bar = _Progress(len(specs), progress)
-    if ray_address is not None:
-        from vllm_specplug.tools.sweeps import ray_map
-
-        # Heaviest first, as below, so the longest cells do not end last.
-        ordered = ray_map(run_cell, [specs[i] for i in order], address=ray_address,
-                          num_cpus=jobs if jobs > 1 else None,
-                          on_result=lambda j: bar.update(specs[order[j]]))
-        for i, r in zip(order, ordered):
-            results[i] = r
-    elif jobs <= 1:
-        for i in order:
-            results[i] = run_cell(specs[i])
-            bar.update(specs[i])
-    else:
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
-            futures = {i: pool.submit(run_cell, specs[i]) for i in order}
-            for i in order:
-                results[i] = futures[i].result()
-                bar.update(specs[i])
-    bar.close()
-    return results  # type: ignore[return-value]
-
-
-class _Progress:
-    def __init__(self, total: int, enabled: bool) -> None:
-        self.total, self.done, self.enabled = total, 0, enabled
-        self.t0 = time.time()
-        self.bar = None
-        self.every = max(1, total // 20)
-        if enabled and sys.stderr.isatty():
-            try:
-                from tqdm import tqdm
-
-                self.bar = tqdm(total=total, unit="cell", file=sys.stderr)
-            except ImportError:
-                pass
-
-    def update(self, spec: CellSpec) -> None:
-        self.done += 1
-        if not self.enabled:
-            return
-        if self.bar is not None:
-            self.bar.set_postfix_str(f"{spec.setup} {spec.scenario} c={spec.concurrency}",
-                                     refresh=False)
-            self.bar.update(1)
-            return
-        if self.done % self.every and self.done != self.total:
-            return
-        el = time.time() - self.t0
-        eta = el / self.done * (self.total - self.done)
-        print(f"[sim] {self.done}/{self.total} cells, {el:.0f}s elapsed, ~{eta:.0f}s left "
-              f"(last: {spec.setup} {spec.scenario} {spec.policy} c={spec.concurrency})",
-              file=sys.stderr, flush=True)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
 
 # -- summary ---------------------------------------------------------------------
 def aggregate(results: list[dict]) -> dict:
@@ -413,78 +321,6 @@ def markdown(meta: dict, setups: dict, agg: dict, summary: dict, tables: dict,
     return "\n".join(L) + "\n"
 
 
-# -- plots --------------------------------------------------------------------------
-STYLE = {"plain": ("black", "-"), "static-1": ("#9ecae1", "--"), "static-2": ("#6baed6", "--"),
-         "static-4": ("#3182bd", "--"), "static-8": ("#08519c", "--"),
-         "table": ("#31a354", "-."), "heuristic": ("#fd8d3c", ":"),
-         "v2-av": ("#2c7fb8", "--"), "goodput-pinned": ("#e7298a", "-."),
-         "goodput": ("#d62728", "-"), "oracle": ("#7f7f7f", ":")}
-
-
-def plot(agg: dict, setups: dict, out: Path) -> list[str]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    files = []
-    for setup, scens in agg.items():
-        names = list(scens)
-        fig, axes = plt.subplots(2, len(names), figsize=(3.6 * len(names), 6.4),
-                                 squeeze=False, sharex=True)
-        for j, scen in enumerate(names):
-            by_c = scens[scen]
-            cs = sorted(by_c)
-            for pol in POLICIES:
-                if not all(pol in by_c[c] for c in cs):
-                    continue
-                g = np.array([by_c[c][pol]["goodput"] for c in cs])
-                plain = np.array([by_c[c]["plain"]["goodput"] for c in cs])
-                color, ls = STYLE.get(pol, ("gray", "-"))
-                lw = 2.2 if pol == "goodput" else 1.2
-                axes[0, j].plot(cs, g, ls, color=color, lw=lw, label=pol, marker=".")
-                axes[1, j].plot(cs, g / plain, ls, color=color, lw=lw, label=pol, marker=".")
-            axes[0, j].set_title(scen)
-            axes[0, j].set_xscale("log", base=2)
-            axes[0, j].set_yscale("log")
-            axes[1, j].axhline(1.0, color="black", lw=0.6)
-            axes[1, j].set_xlabel("concurrency")
-            axes[0, j].grid(alpha=0.3)
-            axes[1, j].grid(alpha=0.3)
-        axes[0, 0].set_ylabel("goodput (output tok/s)")
-        axes[1, 0].set_ylabel("speedup vs plain")
-        axes[0, -1].legend(fontsize=7, loc="best")
-        fig.suptitle(setups[setup]["label"], fontsize=9)
-        fig.tight_layout()
-        path = out / f"{setup}.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        files.append(path.name)
-    return files
-
-
-# -- provenance -----------------------------------------------------------------------
-def controller_sha() -> str:
-    root = Path(__file__).resolve().parents[2] / "controller"
-    h = hashlib.sha256()
-    for p in sorted(root.glob("*.py")):
-        h.update(p.name.encode())
-        h.update(p.read_bytes())
-    return h.hexdigest()
-
-
-def git_rev() -> str:
-    try:
-        root = Path(__file__).resolve().parents[2]
-        rev = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
-                             capture_output=True, text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain",
-                                "vllm_specplug/controller"], capture_output=True, text=True,
-                               timeout=10).stdout.strip()
-        return rev + ("+controller-modified" if dirty else "")
-    except Exception:
-        return "unknown"
-
 
 def write_outputs(out: Path, meta: dict, specs_opts: dict, results: list[dict],
                   setups: list[str], calibration: list[dict] | None,
@@ -522,13 +358,3 @@ def _jsonable(x):
     if isinstance(x, (np.floating,)):
         return float(x)
     return str(x)
-
-
-def meta_for(argv: list[str], opts: dict, runtime: float) -> dict:
-    return {"command": "python -m vllm_specplug.tools.sim " + " ".join(argv),
-            "date": time.strftime("%Y-%m-%d %H:%M"), "runtime_s": runtime,
-            "controller_sha": controller_sha(), "git": git_rev(),
-            "cpu_count": os.cpu_count(), **opts}
-
-
-__all__ = ["cell_specs", "run_sweep", "aggregate", "summarize", "write_outputs", "meta_for"]
