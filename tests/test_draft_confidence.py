@@ -73,8 +73,8 @@ def test_stops_forced_at_every_position_keep_output_exact(perfect, plain, monkey
 def test_a_stop_that_keeps_nothing_offers_no_draft(perfect, plain, monkeypatch):
     original = SpecController.stop_rule
 
-    def nothing_pays(self):
-        rule = original(self)
+    def nothing_pays(self, decision):
+        rule = original(self, decision)
         if rule is not None:
             rule.slot_cuts = np.full(1, 2.0)  # no survival reaches it
         return rule
