@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from vllm_specplug.tools.bench import ab
+from vllm_specplug.tools.bench import ab, ab_report
 
 
 def waves(rates, tokens=64):
@@ -19,14 +19,14 @@ def test_paired_ratio_pools_each_arm_and_cancels_a_drift_both_arms_share():
     drift = [1.0, 0.9, 0.8, 0.7, 0.667]
     a = waves([11 * d for d in drift])
     b = waves([10 * d for d in drift])
-    r = ab.paired_ratio(a, b)
+    r = ab_report.paired_ratio(a, b)
     assert r["ratio"] == pytest.approx(1.1, abs=1e-3)
     assert r["lo"] == pytest.approx(1.1, abs=1e-3) and r["hi"] == pytest.approx(1.1, abs=1e-3)
     assert r["waves"] == 5
     # Unpaired noise widens the interval around the pooled ratio.
-    noisy = ab.paired_ratio(waves([11, 9, 12, 10]), waves([10, 10, 10, 10]))
+    noisy = ab_report.paired_ratio(waves([11, 9, 12, 10]), waves([10, 10, 10, 10]))
     assert noisy["lo"] < noisy["ratio"] < noisy["hi"]
-    assert ab.paired_ratio(a, []) == {}
+    assert ab_report.paired_ratio(a, []) == {}
 
 
 def test_each_arm_sends_its_k_in_vllm_xargs_beside_the_grammar():

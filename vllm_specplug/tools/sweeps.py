@@ -2,7 +2,7 @@
 
 The simulator's sweeps (setups x scenarios x policies x concurrency x seeds)
 are embarrassingly parallel: every cell is a pure function of its spec
-(``sim.engine.run_cell``), with all randomness seeded from the spec.  With
+(``sim.run.run_cell``), with all randomness seeded from the spec.  With
 ``--ray`` they run as Ray tasks, on a local Ray cluster started for the run
 (and stopped after it), or with ``--ray-address HOST:PORT`` on a cluster
 that is already running.  Results come back in the order of the specs and

@@ -37,8 +37,6 @@ process, so a sweep can be mapped in parallel.
 
 from __future__ import annotations
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 
 import numpy as np

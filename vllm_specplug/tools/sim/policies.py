@@ -4,8 +4,6 @@ oracle and adaptive verification; ``make_policy`` builds one by name."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from vllm_specplug.controller import ControllerSettings, SpecController, StepProfile
@@ -13,9 +11,6 @@ from vllm_specplug.tools.sim.analysis import batch_table, table_lookup, typical_
 from vllm_specplug.tools.sim.clock import StepClock
 from vllm_specplug.tools.sim.cost import Setup
 from vllm_specplug.tools.sim.profile import measure_profile
-
-if TYPE_CHECKING:
-    from vllm_specplug.tools.sim.engine import Engine
 
 STATIC_KS = (1, 2, 4, 8)
 POLICIES = ("plain",) + tuple(f"static-{k}" for k in STATIC_KS) + (
@@ -27,7 +22,9 @@ class Policy:
     speculative = True
     controller: SpecController | None = None
 
-    def decide(self, engine: "Engine", dec: np.ndarray, base_tokens: int) -> tuple[int, np.ndarray]:
+    def decide(self, engine, dec: np.ndarray, base_tokens: int) -> tuple[int, np.ndarray]:
+        """K_step and each request's k for the rows ``dec`` of ``engine`` (``sim.engine.Engine``,
+        which hands itself in: a policy reads its state, never imports it)."""
         raise NotImplementedError
 
 
