@@ -86,7 +86,7 @@ def _imports(path: Path) -> set[str]:
 
 @pytest.mark.parametrize("module", ["plugin.py", "deployment.py", "compat.py", "config.py",
                                     "patches/__init__.py", "patches/draft_model_skip.py",
-                                    "patches/kernel_override_scan.py"])
+                                    "patches/draft_catchup.py", "patches/kernel_override_scan.py"])
 def test_the_import_graph_runs_one_way(module):
     # plugin -> patches -> {deployment, config, compat}; only the scheduler
     # (and what the engine core runs) imports the scheduler.
@@ -96,6 +96,16 @@ def test_the_import_graph_runs_one_way(module):
     assert not bad, bad
     if module != "config.py":  # config builds the controller's settings
         assert not {m for m in _imports(PKG / module) if ".controller" in m}
+
+
+def test_the_runtime_imports_nothing_from_tools():
+    """The server side (every module outside ``tools/``) imports nothing that only
+    tools use: benchmarks, the simulator, reports and test helpers live in ``tools/``."""
+    runtime = [p for p in PKG.rglob("*.py") if "tools" not in p.relative_to(PKG).parts]
+    assert len(runtime) > 30
+    bad = {str(p.relative_to(PKG)): sorted(m for m in _imports(p) if m.startswith(
+        "vllm_specplug.tools")) for p in runtime}
+    assert not {k: v for k, v in bad.items() if v}
 
 
 def test_vllms_adaptive_verification_leaves_k_to_vllm(monkeypatch):
