@@ -159,6 +159,69 @@ class ProfileCost:
         return self._profile
 
 
+class ServedCost:
+    """A batch's step at the median of the served steps of its shape: ``served-costs`` reads
+    them from a served run's decision trace, by requests and draft passes (steps whose requests
+    all drafted K_step, or none, and whose draft loop ran K_step passes), catch-ups included as
+    they fell.
+    A shape the run did not time is interpolated in passes, then in requests; a plan offering
+    fewer drafts than K_step to some requests costs its K_step's step (not discounted).  It
+    prices nothing itself: the plugin's belief is ``--profile``."""
+
+    def __init__(self, path: str, overhead: float = 0.0) -> None:
+        table = json.loads(Path(path).read_text())["served_steps"]
+        self.by_batch: dict[int, dict[int, float]] = {}
+        for key, sec in table.items():
+            b, k = (int(x) for x in key.split(","))
+            self.by_batch.setdefault(b, {})[k] = sec
+        self.overhead = overhead
+
+    def _in_passes(self, b: int, passes: int) -> float:
+        d = self.by_batch[b]
+        ks = sorted(d)
+        if passes <= ks[-1] or len(ks) < 2:
+            return float(np.interp(passes, ks, [d[k] for k in ks]))
+        slope = (d[ks[-1]] - d[ks[-2]]) / (ks[-1] - ks[-2])
+        return d[ks[-1]] + (passes - ks[-1]) * slope
+
+    def __call__(self, tokens: int, batch: int, passes: int, catchup: int) -> float:
+        known = sorted(b for b, d in self.by_batch.items() if len(d) >= 2)
+        if batch in known:
+            return self._in_passes(batch, passes) + self.overhead
+        lo = max((b for b in known if b < batch), default=known[0])
+        hi = min((b for b in known if b > batch), default=known[-1])
+        a, z = self._in_passes(lo, passes), self._in_passes(hi, passes)
+        return (a if hi == lo else a + (z - a) * (batch - lo) / (hi - lo)) + self.overhead
+
+    def profile(self):
+        raise SystemExit("stop_replay.py: --costs with served steps needs --profile (the "
+                         "plugin's belief)")
+
+
+def served_costs(args) -> int:
+    """The median served step by (requests, draft passes) from a decision trace."""
+    plans, steps = {}, {}
+    for line in open(args.trace):
+        r = json.loads(line)
+        if r["event"] == "plan":
+            plans[r["step"]] = r
+        elif r["event"] == "verify" and r["step"] in plans and r.get("measured_s"):
+            p = plans.pop(r["step"])
+            ks = [x["k"] for x in p["requests"].values()]
+            k_step = p["k_step"]
+            # The passes the worker ran: K_step's, unless the draft's confidence stopped
+            # the loop elsewhere (then not a uniform shape).
+            if ks and all(k == k_step for k in ks) and r.get("draft_passes", k_step) == k_step:
+                steps.setdefault(f"{len(ks)},{k_step}", []).append(r["measured_s"])
+    table = {k: float(np.median(v)) for k, v in sorted(steps.items()) if len(v) >= args.min_steps}
+    Path(args.out).write_text(json.dumps({"source": args.trace, "min_steps": args.min_steps,
+                                          "served_steps": table,
+                                          "counts": {k: len(steps[k]) for k in table}}, indent=1))
+    print(f"[served-costs] {len(table)} shapes from {sum(len(v) for v in steps.values())} "
+          f"steps -> {args.out}", file=sys.stderr)
+    return 0
+
+
 def run_length(match, t: int, limit: int) -> int:
     n = 0
     while n < limit and t + n < len(match) and match[t + n]:
@@ -344,8 +407,10 @@ def replay(args) -> int:
     belief = StepProfile.load(args.profile) if args.profile else None
     loads = [int(x) for x in args.concurrency.split(",")]
     if args.costs:
+        world = (ServedCost if "served_steps" in json.loads(Path(args.costs).read_text())
+                 else ProfileCost)
         settings = [(f"{Path(args.costs).name}'s costs +{args.step_overhead:.3f} s a step, c={n}",
-                     ProfileCost(args.costs, args.step_overhead), n) for n in loads]
+                     world(args.costs, args.step_overhead), n) for n in loads]
     elif loads != [1]:
         raise SystemExit("stop_replay.py: --concurrency above 1 needs --costs (a step-cost "
                          "profile that prices a batch's steps)")
@@ -437,8 +502,9 @@ def main(argv=None) -> int:
     q.add_argument("--pass-scales", default="1",
                    help="comma-separated multiples of the draft's share of a step (default 1)")
     q.add_argument("--costs", default=None,
-                   help="a step-cost profile JSON as the true costs (a batch's steps priced by "
-                        "tokens, batch size, passes and catch-up; default: the line above)")
+                   help="the true costs: a step-cost profile JSON (a batch's steps priced by "
+                        "tokens, batch size, passes and catch-up) or a served-costs table "
+                        "(default: the line above)")
     q.add_argument("--step-overhead", type=float, default=0.0,
                    help="seconds added to every step priced by --costs (what a served step "
                         "costs beyond the profile's passes)")
@@ -448,8 +514,13 @@ def main(argv=None) -> int:
                    help="the draft's signal the plugin and the threshold read (default: its "
                         "top-1 probability, what the plugin serves with)")
     q.add_argument("--out", default=None, help="write results.md, results.json and a plot here")
+    c = sub.add_parser("served-costs", help="the median served step by requests and passes, "
+                       "from a decision trace (a --costs world)")
+    c.add_argument("trace")
+    c.add_argument("--out", required=True)
+    c.add_argument("--min-steps", type=int, default=5)
     args = p.parse_args(argv)
-    return record(args) if args.cmd == "record" else replay(args)
+    return {"record": record, "replay": replay, "served-costs": served_costs}[args.cmd](args)
 
 
 if __name__ == "__main__":
