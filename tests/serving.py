@@ -43,8 +43,8 @@ class Server:
 
     def start(self) -> "Server":
         """Launched and waited for as the served benchmark launches its servers
-        (``vllm_specplug.tools.bench.served.Server``)."""
-        from vllm_specplug.tools.bench import served
+        (``vllm_specplug.tools.bench.Server``)."""
+        from vllm_specplug.tools.bench.server import Server
 
         env = dict(os.environ)
         env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # a real server: engine in its own process
@@ -55,7 +55,7 @@ class Server:
             cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
         else:
             cmd = [str(Path(sys.executable).with_name("vllm-specplug")), "serve"]
-        self.process = served.Server(cmd + ["--config", str(self.config_path)], env,
+        self.process = Server(cmd + ["--config", str(self.config_path)], env,
                                      self.log_path, self.port)
         self.proc = self.process.proc
         try:

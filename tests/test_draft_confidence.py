@@ -37,7 +37,7 @@ def test_the_worker_reports_its_confidence_and_the_scheduler_calibrates(perfect,
     outs = perfect.generate(PROMPTS, greedy(64), use_tqdm=False)
     assert token_ids(outs) == plain
     sp = scheduler_of(perfect).specplug
-    assert sp.confidence_stop and sp.worker_confidence
+    assert sp.confidence.allowed and sp.confidence.worker_on
     accepted, verified = sp.controller.calibration.observed()
     assert verified.sum() > 20
     # A perfect draft: every verified draft was accepted.
@@ -111,7 +111,7 @@ def test_turned_off_it_sends_no_rule(tiny_models, plain):
         outs = llm.generate(PROMPTS, greedy(32), use_tqdm=False)
         assert token_ids(outs) == [p[:32] for p in plain]
         sp = scheduler_of(llm).specplug
-        assert not sp.confidence_stop
+        assert not sp.confidence.allowed
         assert sp.controller.calibration.observed()[1].sum() == 0
     finally:
         shutdown(llm)

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from helpers import free_port
-from vllm_specplug.tools.sim.engine import CellSpec
-from vllm_specplug.tools.sim.report import run_sweep
+from vllm_specplug.tools.sim.cell import CellSpec
+from vllm_specplug.tools.sim.sweep import run_sweep
 
 ray = pytest.importorskip("ray", reason="the [ray] extra is not installed")
 

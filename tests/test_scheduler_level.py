@@ -130,7 +130,7 @@ def test_lockstep_data_parallel_pins_k_step_and_adapts_per_request(tiny_models,
     sched = build_scheduler(tiny_models["target"], async_scheduling, data_parallel_size=2)
     sp = sched.specplug
     assert sp.enabled and sp.k_step_pinned and "data_parallel_size" in sp.pin_reason
-    assert not sp.zero_cost_fallback
+    assert not sp.zero_cost.on
     k_steps = []
     orig = sched.schedule
 

@@ -26,7 +26,7 @@ def test_the_scheduler_believes_what_the_workers_report_about_skipping(tiny_mode
         pytest.skip(f"K_step is pinned here ({sp.pin_reason})")
     # build_scheduler's engine config does not name the plugin's scheduler,
     # so the config's answer is no; here it promised skipping.
-    sp.zero_cost_fallback = True
+    sp.zero_cost.on = True
     for i in range(3):
         sched.add_request(make_request(f"r{i}", 80))
     run = SyntheticRun(sched, {f"r{i}": never for i in range(3)})
@@ -41,21 +41,21 @@ def test_the_scheduler_believes_what_the_workers_report_about_skipping(tiny_mode
     run.model_output = reporting
     for _ in range(30):
         run.step()
-    assert sp.zero_cost_fallback  # the worker said what the config says: nothing changes
-    skipped = sorted(sp.stale_from)
+    assert sp.zero_cost.on  # the worker said what the config says: nothing changes
+    skipped = sorted(sp.zero_cost.stale_from)
     assert skipped, "the rejected drafts should have put the batch in fallback"
     rows = [sp.controller.estimator.row(r) for r in skipped]
     assert sp.controller.estimator._counts[rows].sum() > 0
     report["on"] = False
     run.step()
     assert sp.controller.estimator._counts[rows].sum() == 0  # learnt anew
-    assert not sp.zero_cost_fallback and not sp.stale_from and not sp.catchup
+    assert not sp.zero_cost.on and not sp.zero_cost.stale_from and not sp.zero_cost.catchup
     assert sp.controller.profile.meta.get("zero_cost_fallback") is False
     assert sp.controller.profile.first(4.0) == 0.0  # the first pass is in every step now
     assert sp.controller.profile.target(4.0) == pytest.approx(
         clock_profile().target(4.0) + clock_profile().first(4.0))
     run.run()
-    assert not sp.stale_from  # nothing more is counted as skipped
+    assert not sp.zero_cost.stale_from  # nothing more is counted as skipped
     assert sp.faults == 0
 
 
@@ -84,7 +84,7 @@ def test_a_soak_of_the_async_scheduler(tiny_models):
     sched = build_scheduler(tiny_models["target"], True, num_blocks=24)
     sp = sched.specplug
     assert sp.is_async
-    sp.zero_cost_fallback = True
+    sp.zero_cost.on = True
     calls = inject_faults(sp.controller, 7)
     rng = random.Random(29)
 
@@ -125,7 +125,7 @@ def test_a_soak_of_the_async_scheduler(tiny_models):
     assert sp.faults == calls[0] // 7 >= 50, (sp.faults, calls)
     assert sp.controller.stats.drafted > 0 and sp.controller.stats.probes_sent > 0
     assert sp.controller.num_requests() == 0 and sp.controller.num_in_fallback() == 0
-    assert not sp.planned and not sp.stale_from and not sched.requests
+    assert not sp.planned and not sp.zero_cost.stale_from and not sched.requests
 
 
 def _session_request(req_id, max_tokens, ceiling=None, resumable=True):

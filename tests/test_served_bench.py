@@ -11,6 +11,9 @@ import statistics
 import pytest
 
 from vllm_specplug.tools.bench import served, served_report
+from vllm_specplug.tools.bench.server import server_command
+from vllm_specplug.tools.bench.served_client import per_request, raw_path
+from vllm_specplug.tools.bench.served_grid import build_cells
 
 
 def run(arm, tok_s, workload="humaneval", kind="c", c=1, texts=("a", "b")):
@@ -88,7 +91,7 @@ def test_rounds_pool_into_one_longer_run_and_keep_each_rounds_ratio():
 
 
 def test_the_cold_run_takes_its_own_number_of_requests(tmp_path):
-    cells = served.build_cells(served.SETUPS["tiny"], ["easy"], [1], False, tmp_path, None,
+    cells = build_cells(served.SETUPS["tiny"], ["easy"], [1], False, tmp_path, None,
                                requests=2, cold_requests=5)
     assert [(c.kind, c.requests) for c in cells] == [("cold", 5), ("c", 2), ("repeat", 2)]
     # Disjoint prompts: the warm cell starts after the cold run's five.
@@ -128,7 +131,7 @@ def _finished_run(root, rounds, commit, arms=("plain", "adaptive")):
             rec = dict(run(arm, tok_s), round=rnd, duration=100 / tok_s, total_output_tokens=100)
             rec.pop("texts"), rec.pop("tpots_ms")
             by_round.append(rec)
-            raw = served.raw_path(root, "s", arm, "humaneval/c1/c", rnd)
+            raw = raw_path(root, "s", arm, "humaneval/c1/c", rnd)
             raw.parent.mkdir(parents=True, exist_ok=True)
             raw.write_text(json.dumps(dict(itls=[[0.1, 0.1]] * 2, output_lens=[3, 3],
                                            ttfts=[0.5, 0.5], generated_texts=["a", "b"])))
@@ -168,39 +171,39 @@ def test_tpot_per_request_counts_tokens_not_stream_chunks():
     # first in 3 chunks 0.3 s apart is 0.1 s a token, not 0.3.
     raw = dict(itls=[[0.3, 0.3, 0.3], [0.2]], output_lens=[10, 3], ttfts=[0.5, 0.25],
                generated_texts=["a", "b"])
-    got = served.per_request(raw)
+    got = per_request(raw)
     assert got["tpots_ms"] == pytest.approx([100.0, 100.0])
     assert got["ttfts_ms"] == pytest.approx([500.0, 250.0]) and got["texts"] == ["a", "b"]
 
 
 def test_server_commands_run_vllm_as_users_do():
     setup = served.SETUPS["qwen"]
-    argv, env = served.server_command(setup, "vllm-k4", "/t", "/d", 8000, 4)
+    argv, env = server_command(setup, "vllm-k4", "/t", "/d", 8000, 4)
     spec = json.loads(argv[argv.index("--speculative-config") + 1])
     assert spec == {"method": "draft_model", "num_speculative_tokens": 4, "model": "/d"}
     assert "--scheduler-cls" not in argv and env == {"VLLM_PLUGINS": "none"}
-    argv, env = served.server_command(setup, "adaptive", "/t", "/d", 8000, 4)
+    argv, env = server_command(setup, "adaptive", "/t", "/d", 8000, 4)
     spec = json.loads(argv[argv.index("--speculative-config") + 1])
     assert spec["num_speculative_tokens"] == setup.ceiling and env == {}
     assert argv[argv.index("--scheduler-cls") + 1] == "vllm_specplug.AdaptiveSpecScheduler"
     assert "trace_path" not in json.loads(argv[argv.index("--additional-config") + 1])["specplug"]
-    argv, _ = served.server_command(setup, "adaptive", "/t", "/d", 8000, 4, "/x/trace.jsonl")
+    argv, _ = server_command(setup, "adaptive", "/t", "/d", 8000, 4, "/x/trace.jsonl")
     assert json.loads(argv[argv.index("--additional-config") + 1])["specplug"]["trace_path"] == (
         "/x/trace.jsonl")
     # The plugin's own path at vLLM's K=2: the plugin loaded, its static policy.
-    argv, env = served.server_command(setup, "plugin-k2", "/t", "/d", 8000, 4)
+    argv, env = server_command(setup, "plugin-k2", "/t", "/d", 8000, 4)
     spec = json.loads(argv[argv.index("--speculative-config") + 1])
     assert spec["num_speculative_tokens"] == 2 and env == {}
     assert argv[argv.index("--scheduler-cls") + 1] == "vllm_specplug.AdaptiveSpecScheduler"
     assert json.loads(argv[argv.index("--additional-config") + 1])["specplug"] == {
         "policy": "static", "static_k": 2}
     # ... and at K=0 on the speculative engine (vLLM's K stays the ceiling).
-    argv, env = served.server_command(setup, "plugin-k0", "/t", "/d", 8000, 4)
+    argv, env = server_command(setup, "plugin-k0", "/t", "/d", 8000, 4)
     spec = json.loads(argv[argv.index("--speculative-config") + 1])
     assert spec["num_speculative_tokens"] == setup.ceiling and env == {}
     assert json.loads(argv[argv.index("--additional-config") + 1])["specplug"] == {
         "policy": "static", "static_k": 0}
-    argv, _ = served.server_command(setup, "plain", "/t", "/d", 8000, 4)
+    argv, _ = server_command(setup, "plain", "/t", "/d", 8000, 4)
     assert "--speculative-config" not in argv
     with pytest.raises(SystemExit, match="plain is required"):
         served.parse_args(["--served", "--arms", "adaptive"])

@@ -150,7 +150,7 @@ def test_a_failing_catch_up_turns_the_fallback_off_and_output_stays_exact(
         # The worker said so in the step's output, and the scheduler believes it:
         # no catch-up is priced or owed any more.
         sp = scheduler_of(llm).specplug
-        assert sp.zero_cost_fallback is False and not sp.stale_from
+        assert sp.zero_cost.on is False and not sp.zero_cost.stale_from
         assert sp.controller.profile.meta.get("zero_cost_fallback") is False
         # From then on vLLM's own path: a second forced fallback skips nothing.
         skipped = stats.skipped_passes
@@ -180,7 +180,7 @@ def test_a_rank_gives_up_when_another_rank_failed(tiny_models, plain, monkeypatc
         assert stats.failures == 1 and stats.skipped_passes == 1
         assert stats.catch_up_passes == 0
         assert drafter.__dict__["_specplug_skip"] is False
-        assert scheduler_of(llm).specplug.zero_cost_fallback is False
+        assert scheduler_of(llm).specplug.zero_cost.on is False
     finally:
         shutdown(llm)
 

@@ -125,31 +125,6 @@ class AdaptiveSpecState:
         self.confidence = ConfidenceStop(self.deployment.confidence_stop(self.is_async)
                                          and not self.k_step_pinned)
 
-    # The bookkeeping's flags, under the names the adapter has always shown.
-    @property
-    def zero_cost_fallback(self) -> bool:
-        return self.zero_cost.on
-
-    @zero_cost_fallback.setter
-    def zero_cost_fallback(self, on: bool) -> None:
-        self.zero_cost.on = on
-
-    @property
-    def stale_from(self) -> dict[str, int]:
-        return self.zero_cost.stale_from
-
-    @property
-    def catchup(self) -> dict[int, int]:
-        return self.zero_cost.catchup
-
-    @property
-    def confidence_stop(self) -> bool:
-        return self.confidence.allowed
-
-    @property
-    def worker_confidence(self) -> bool:
-        return self.confidence.worker_on
-
     def _new_controller(self) -> SpecController:
         return SpecController(self.config.controller_settings(self.num_spec_tokens),
                               profile=self.profile)
@@ -160,7 +135,7 @@ class AdaptiveSpecState:
 
         measured = profiling.attached(self.kv_cache_config)
         if measured is not None:
-            if measured.meta.get("zero_cost_fallback") and not self.zero_cost_fallback:
+            if measured.meta.get("zero_cost_fallback") and not self.zero_cost.on:
                 # Measured skipping the draft at K_step = 0; here it runs then too.
                 return measured.with_first_pass_at_k0()
             return measured
@@ -190,7 +165,7 @@ class AdaptiveSpecState:
                         "parameter counts", why)
         return prior_profile(platform, ratio, int(sched.max_num_batched_tokens),
                              int(sched.max_num_seqs),
-                             draft_runs_at_k0=ratio is not None and not self.zero_cost_fallback)
+                             draft_runs_at_k0=ratio is not None and not self.zero_cost.on)
 
     def _make_metrics(self, vllm_config):
         try:

@@ -59,7 +59,7 @@ class _AdaptiveSpecMixin:
             f"pinned ({sp.pin_reason})" if sp.k_step_pinned else "adaptive",
             "async" if sp.is_async else "sync", sp.config.probe_interval,
             sp.config.probe_max_interval,
-            "on" if sp.zero_cost_fallback else "off",
+            "on" if sp.zero_cost.on else "off",
             "on" if sp.metrics is not None else "off",
             sp.config.trace_path or "off")
 

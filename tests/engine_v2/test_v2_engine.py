@@ -55,7 +55,7 @@ def test_good_draft_drafts_to_the_ceiling_and_request_ceilings_hold(tiny_models,
         sp = scheduler_of(llm).specplug
         assert sp.enabled and sp.runner.name == "cpu-v2", sp.reason
         assert sp.k_step_pinned and "drafts every position" in sp.pin_reason
-        assert not sp.zero_cost_fallback and not sp.confidence_stop
+        assert not sp.zero_cost.on and not sp.confidence.allowed
         o = llm.generate([PROMPTS[1]], greedy(LONG), use_tqdm=False)[0]
         steps = drafted_per_step(o)
         assert max(steps) == CEILING and np.mean(steps[len(steps) // 2:]) >= CEILING - 1, steps

@@ -381,7 +381,7 @@ class FakeEngine:
         k_step = so.num_spec_tokens_to_schedule
         # With zero-cost fallback a step that drafts after skipped ones first
         # catches the draft up (the adapter keeps how far, per step).
-        catchup = self.sp.catchup.get(id(so), 0) if k_step else 0
+        catchup = self.sp.zero_cost.catchup.get(id(so), 0) if k_step else 0
         self.now += self.profile.step(so.total_num_scheduled_tokens,
                                       len(so.num_scheduled_tokens), k_step, catchup)
 

@@ -45,6 +45,9 @@ from pathlib import Path
 
 from vllm_specplug.tools.bench import served
 from vllm_specplug.tools.bench.ab_report import markdown, summarise, write
+from vllm_specplug.tools.bench.server import Server, _free_port, resident_gib, server_command, server_env
+from vllm_specplug.tools.bench.served_client import KEEP, client_args, per_request, vllm_bench_serve
+from vllm_specplug.tools.bench.served_grid import Cell, _cell_units, _sources, setup_models
 from vllm_specplug.tools.bench.runner import Progress
 
 # The fixed k of each setup's arms (besides plain and adaptive).
@@ -81,7 +84,7 @@ def build_waves(setup, workloads, concurrency, waves_of, out: Path, tokenizer,
     """Cells, each a list of waves with prompts of their own (no cell reuses another's)."""
     cells = []
     for w in workloads:
-        prompts, is_chat = served._sources(setup, w, tokenizer, data_cache)
+        prompts, is_chat = _sources(setup, w, tokenizer, data_cache)
         at = 1  # prompt 0 warms the server up
         for c in concurrency:
             cell = []
@@ -142,7 +145,7 @@ class Client:
                 max_workers=1, mp_context=multiprocessing.get_context("fork"))
             self._runs = 0
         self._runs += 1
-        self._pool.submit(served.vllm_bench_serve, argv, log).result()
+        self._pool.submit(vllm_bench_serve, argv, log).result()
 
     def close(self) -> None:
         if self._pool is not None:
@@ -157,12 +160,12 @@ def raw_name(workload: str, concurrency: int, repeat: bool, index: int) -> str:
 
 def run_wave(client: Client, server, wave: Wave, setup, tokenizer_path: str, out: Path, arm: str,
              k: int | None) -> dict:
-    cell = served.Cell(wave.workload, "c", wave.concurrency, wave.concurrency, wave.path,
+    cell = Cell(wave.workload, "c", wave.concurrency, wave.concurrency, wave.path,
                        wave.chat, wave.structured)
     result_dir = out / "raw" / setup.name / arm
     result_dir.mkdir(parents=True, exist_ok=True)
     name = raw_name(wave.workload, wave.concurrency, wave.repeat, wave.index)
-    argv = _with_xargs(served.client_args(server, cell, setup, tokenizer_path, result_dir, name),
+    argv = _with_xargs(client_args(server, cell, setup, tokenizer_path, result_dir, name),
                        k)
     log = result_dir / (name[:-5] + ".log")
     try:
@@ -171,10 +174,10 @@ def run_wave(client: Client, server, wave: Wave, setup, tokenizer_path: str, out
     except (Exception, SystemExit) as e:
         raise RuntimeError(f"vllm bench serve failed on {arm} {wave.cell} wave {wave.index} "
                            f"({e!r}); log: {log}") from e
-    rec = {k_: raw.get(k_) for k_ in served.KEEP if k_ in raw}
+    rec = {k_: raw.get(k_) for k_ in KEEP if k_ in raw}
     rec.update(setup=setup.name, arm=arm, k=k, workload=wave.workload,
                concurrency=wave.concurrency, wave=wave.index, repeat=wave.repeat,
-               **served.per_request(raw))
+               **per_request(raw))
     return rec
 
 
@@ -214,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.render:
         src = Path(args.render)
         res = json.loads((src / "results.json").read_text())
-        runs = [dict(r, **served.per_request(json.loads(
+        runs = [dict(r, **per_request(json.loads(
             (src / "raw" / r["setup"] / r["arm"] / raw_name(
                 r["workload"], r["concurrency"], r["repeat"], r["wave"])).read_text())))
             for r in res["runs"]]
@@ -222,11 +225,11 @@ def main(argv: list[str] | None = None) -> int:
         write(res, src)
         print(markdown(res))
         return 0
-    base_env = served.server_env()
+    base_env = server_env()
     out.mkdir(parents=True, exist_ok=True)
     plan = []
     for name in args.setups.split(","):
-        setup, target, draft, tok = served.setup_models(name, args.tiny_root)
+        setup, target, draft, tok = setup_models(name, args.tiny_root)
         workloads = args.workloads.split(",") if args.workloads else list(setup.workloads)
         conc = ([int(c) for c in args.concurrency.split(",")] if args.concurrency
                 else list(CONCURRENCY.get(name, setup.concurrency)))
@@ -235,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         plan.append((setup, target, draft, cells))
 
     def units(setup, wave):
-        return served._cell_units(setup, served.Cell(wave.workload, "c", wave.concurrency,
+        return _cell_units(setup, Cell(wave.workload, "c", wave.concurrency,
                                                      wave.concurrency, "", False, False))
 
     total = sum(setup.ready_s + sum(units(setup, w) * len(arms_of(setup.name))
@@ -250,14 +253,14 @@ def main(argv: list[str] | None = None) -> int:
     runs, failures, servers = [], [], []
     for setup, target, draft, cells in plan:
         arms = arms_of(setup.name)
-        port = served._free_port()
+        port = _free_port()
         log = out / "logs" / f"{setup.name}-ab.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         trace = str((out / "logs" / f"{setup.name}-ab-trace.jsonl").resolve()) if args.trace \
             else None
         max_c = max(w.concurrency for cell in cells for w in cell)
-        argv_s, env = served.server_command(setup, "adaptive", target, draft, port, max_c, trace)
-        server = served.Server(argv_s + ["--no-enable-prefix-caching"], {**base_env, **env},
+        argv_s, env = server_command(setup, "adaptive", target, draft, port, max_c, trace)
+        server = Server(argv_s + ["--no-enable-prefix-caching"], {**base_env, **env},
                                log, port)
         try:
             ready = server.wait_ready()
@@ -286,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
                                          f"{wave.index} {arm}: {note} ({time.time() - t:.0f} s)")
             servers.append(dict(setup=setup.name, ready_s=round(ready, 1),
                                 kv_tokens=server.kv_tokens(),
-                                rss_peak_gib=round(served.resident_gib(server.proc.pid,
+                                rss_peak_gib=round(resident_gib(server.proc.pid,
                                                                        "VmHWM"), 2)))
         except RuntimeError as e:
             failures.append(dict(setup=setup.name, arm=None, cell=None, error=str(e)))

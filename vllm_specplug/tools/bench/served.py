@@ -52,14 +52,11 @@ from pathlib import Path
 
 from vllm_specplug.tools.bench.runner import Progress
 from vllm_specplug.tools.bench.served_report import ORDER as ARMS
-# The modules of the served benchmark (one job each); their names that ab.py,
-# benchmarks/ and the tests read from here stay importable from here.
-from vllm_specplug.tools.bench.server import (  # noqa: F401
-    SERVED_NAME, Server, _free_port, resident_gib, server_command, server_env)
-from vllm_specplug.tools.bench.served_client import (  # noqa: F401
-    KEEP, client_args, per_request, raw_path, run_cell, vllm_bench_serve)
-from vllm_specplug.tools.bench.served_grid import (  # noqa: F401
-    Cell, _cell_units, _estimate, _sources, build_cells, setup_models)
+from vllm_specplug.tools.bench.server import (Server, _free_port, resident_gib, server_command,
+                                              server_env)
+from vllm_specplug.tools.bench.served_client import per_request, raw_path, run_cell
+from vllm_specplug.tools.bench.served_grid import (Cell, _cell_units, _estimate, build_cells,
+                                                   setup_models)
 from vllm_specplug.tools.bench.setups import SERVED_SETUPS as SETUPS
 
 QUICK = dict(setups=["qwen"], workloads=["humaneval", "sharegpt"], concurrency=[1, 4],

@@ -384,4 +384,4 @@ class Engine:
                 return
 
 
-__all__ = ["CellSpec", "Engine", "Metrics"]
+__all__ = ["Engine", "Metrics"]

@@ -20,7 +20,6 @@ from vllm_specplug.tools.sim.cost import make_setup
 from vllm_specplug.tools.sim.devices import DEVICES
 from vllm_specplug.tools.sim.plots import plot
 from vllm_specplug.tools.sim.policies import POLICIES, STATIC_KS
-from vllm_specplug.tools.sim.sweep import run_sweep  # noqa: F401  (tests/test_ray_sweeps reads it here)
 
 BASELINES = ("plain",) + tuple(f"static-{k}" for k in STATIC_KS)
 TARGET_RATIO = 0.97
