@@ -65,7 +65,7 @@ def test_draft_runs_at_the_target_tp(tp2):
     assert tp2.llm_engine.vllm_config.parallel_config.tensor_parallel_size == 2
     assert spec.draft_parallel_config.tensor_parallel_size == 2
     sched = scheduler_of(tp2).specplug
-    assert sched.enabled and not sched.k_step_pinned and sched.zero_cost_fallback
+    assert sched.enabled and not sched.k_step_pinned and sched.zero_cost.on
 
 
 def test_greedy_equal_and_drafts_climb(tp2, plain):
