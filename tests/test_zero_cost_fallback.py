@@ -208,3 +208,32 @@ def test_ranks_agree_on_a_failure_through_their_cpu_group(tmp_path):
                        nprocs=2, start_method="spawn", join=True)
     for rank in (0, 1):
         assert (tmp_path / f"out.{rank}").read_text() == "0 1 1 1"
+
+
+def test_a_plain_step_is_charged_no_prompts_pass():
+    """What a plain step adds to the catch-up (``ZeroCostBook.owed``), which the
+    plan charges plain decoding: a decoding request the draft is current on
+    owes its block back, a stale one its new token, a request whose prompt is
+    in the step nothing (its prompt's pass is owed only if it ever drafts).
+    Charged the prompt, plain cancelled the drafting plan's pass over it."""
+    from types import SimpleNamespace
+
+    from vllm_specplug.zero_cost import ZeroCostBook
+
+    def req(rid, computed, prompt_tokens):
+        return SimpleNamespace(request_id=rid, num_computed_tokens=computed,
+                               num_prompt_tokens=prompt_tokens)
+
+    book = ZeroCostBook(on=True, block_size=16)
+    requests = {"new": req("new", 100, 100),       # its whole prompt this step
+                "fresh": req("fresh", 101, 100),   # decoding, the draft current
+                "chunk": req("chunk", 64, 100)}    # a fresh prompt's second chunk
+    assert book.owed(requests, {"new": 100}) == (0, 0)
+    assert book.owed(requests, {"chunk": 32}) == (0, 0)
+    assert book.owed(requests, {"fresh": 1}) == (0, 101 - 96)
+    book.stale_from.update(fresh=40, chunk=0)  # skipped before
+    # Stale: a plain step adds its new token; a stale prompt owes what it owed.
+    assert book.owed(requests, {"fresh": 1}) == (100 - 32, 101 - 32)
+    assert book.owed(requests, {"chunk": 32}) == (32, 32)
+    assert book.owed(requests, {"new": 100, "fresh": 1, "chunk": 32}) == (100, 101)
+    assert ZeroCostBook(on=False, block_size=16).owed(requests, {"new": 100}) == (0, None)

@@ -228,9 +228,9 @@ class Engine:
         # Told to the controller in the scheduler's unit: the tokens the
         # catch-up runs the draft over (the simulator has no blocks to round to).
         self.catchup_pending = int(self.draft_gap[scheduled].sum()) if zero_cost else 0
-        # And what would be pending after this step if it skipped the draft.
-        self.catchup_if_plain = (self.catchup_pending + len(dec) + int(chunks.sum())
-                                 + int(completing.sum())) if zero_cost else None
+        # And what would be pending after this step if it skipped the draft:
+        # a prompt's tokens add nothing (zero_cost.ZeroCostBook._if_plain).
+        self.catchup_if_plain = self.catchup_pending + len(dec) if zero_cost else None
         # Priced on first use (the oracle, or a step that drafts): most
         # steps in fallback do neither.
         self._catchup_slots, self._catchup_cost = scheduled, None
