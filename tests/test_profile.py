@@ -46,6 +46,31 @@ def test_profile_interpolates_pads_and_extrapolates():
     assert falling.target(100.0) == pytest.approx(1.0)
 
 
+def test_first_pass_past_its_sizes_grows_as_the_catch_up():
+    """Past its largest size the first pass (the draft's forward over a step's
+    tokens, a prompt chunk's included) grows at least at the catch-up's
+    per-token slope: the first pass is timed at decoding sizes, where a
+    pass's fixed cost hides its slope, the catch-up over hundreds of tokens.
+    The Qwen pair's numbers: extended with its own slope a 480-token prompt
+    chunk's draft work read 0.27 s; served it cost 1.1 s."""
+    sizes, target, first = [1, 18, 36], [0.15, 0.24, 0.40], [0.05, 0.107, 0.115]
+    own = StepProfile(sizes, target, first, [1, 4], [0.05, 0.05])
+    zero_cost = StepProfile(sizes, target, first, [1, 4], [0.05, 0.05],
+                            catchup_tokens=[62, 144, 296], catchup_s=[0.159, 0.318, 0.647],
+                            meta={"zero_cost_fallback": True})
+    slope = (0.647 - 0.318) / (296 - 144)
+    assert own.first(480) - own.first(36) == pytest.approx(444 * 0.008 / 18)
+    assert zero_cost.first(480) - zero_cost.first(36) == pytest.approx(444 * slope)
+    assert zero_cost.first(20) == own.first(20)  # within its sizes: as measured
+    t = np.array([20.0, 480.0])
+    assert zero_cost.verify_and_first(t) == pytest.approx(
+        [zero_cost.target(x) + zero_cost.first(x) for x in t])
+    # What a drafting plan pays for a new prompt's pass over it (GoodputPolicy.prices).
+    pr = GoodputPolicy().prices(8, 1, 8 + 472, StepPricer(zero_cost))
+    assert pr.unseen_s == pytest.approx(zero_cost.first(480) - zero_cost.first(8))
+    assert pr.unseen_s > 0.9
+
+
 
 
 
