@@ -10,7 +10,14 @@ and the test's input generators from the current checkout::
 
     mkdir /tmp/reference
     git archive ff123d4 vllm_specplug tests/reference_controller | tar -x -C /tmp/reference
+    git show ad3b4f0 -- vllm_specplug/controller/profile.py | patch -p1 -d /tmp/reference
     PYTHONPATH=/tmp/reference:/tmp/reference/tests python tests/data/record_reference.py
+
+The patch gives the reference's profile the pricing rule added since
+(``ad3b4f0``: the first pass past its timed sizes grows at least at the
+catch-up's slope); a later change of what a decision prices goes into the
+reference the same way, so that the test keeps checking only how the
+controller computes its decisions.
 
 It writes ``tests/data/reference_decisions.npz`` (about 280 KiB): the seeded
 random inputs the test builds (its generators are imported from it, so they
