@@ -92,7 +92,7 @@ def test_rounds_pool_into_one_longer_run_and_keep_each_rounds_ratio():
 
 def test_the_cold_run_takes_its_own_number_of_requests(tmp_path):
     cells = build_cells(served.SETUPS["tiny"], ["easy"], [1], False, tmp_path, None,
-                               requests=2, cold_requests=5)
+                        requests=2, cold_requests=5)
     assert [(c.kind, c.requests) for c in cells] == [("cold", 5), ("c", 2), ("repeat", 2)]
     # Disjoint prompts: the warm cell starts after the cold run's five.
     cold, warm = (open(c.path).read().splitlines() for c in cells[:2])

@@ -45,7 +45,8 @@ from pathlib import Path
 
 from vllm_specplug.tools.bench import served
 from vllm_specplug.tools.bench.ab_report import markdown, summarise, write
-from vllm_specplug.tools.bench.server import Server, _free_port, resident_gib, server_command, server_env
+from vllm_specplug.tools.bench.server import (Server, _free_port, resident_gib, server_command,
+                                              server_env)
 from vllm_specplug.tools.bench.served_client import KEEP, client_args, per_request, vllm_bench_serve
 from vllm_specplug.tools.bench.served_grid import Cell, _cell_units, _sources, setup_models
 from vllm_specplug.tools.bench.runner import Progress
@@ -161,12 +162,11 @@ def raw_name(workload: str, concurrency: int, repeat: bool, index: int) -> str:
 def run_wave(client: Client, server, wave: Wave, setup, tokenizer_path: str, out: Path, arm: str,
              k: int | None) -> dict:
     cell = Cell(wave.workload, "c", wave.concurrency, wave.concurrency, wave.path,
-                       wave.chat, wave.structured)
+                wave.chat, wave.structured)
     result_dir = out / "raw" / setup.name / arm
     result_dir.mkdir(parents=True, exist_ok=True)
     name = raw_name(wave.workload, wave.concurrency, wave.repeat, wave.index)
-    argv = _with_xargs(client_args(server, cell, setup, tokenizer_path, result_dir, name),
-                       k)
+    argv = _with_xargs(client_args(server, cell, setup, tokenizer_path, result_dir, name), k)
     log = result_dir / (name[:-5] + ".log")
     try:
         client.run(argv, log)
@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def units(setup, wave):
         return _cell_units(setup, Cell(wave.workload, "c", wave.concurrency,
-                                                     wave.concurrency, "", False, False))
+                                       wave.concurrency, "", False, False))
 
     total = sum(setup.ready_s + sum(units(setup, w) * len(arms_of(setup.name))
                                     for cell in cells for w in cell)
@@ -260,8 +260,7 @@ def main(argv: list[str] | None = None) -> int:
             else None
         max_c = max(w.concurrency for cell in cells for w in cell)
         argv_s, env = server_command(setup, "adaptive", target, draft, port, max_c, trace)
-        server = Server(argv_s + ["--no-enable-prefix-caching"], {**base_env, **env},
-                               log, port)
+        server = Server(argv_s + ["--no-enable-prefix-caching"], {**base_env, **env}, log, port)
         try:
             ready = server.wait_ready()
             progress.advance(setup.ready_s, f"{setup.name}: ready in {ready:.0f} s")
@@ -289,8 +288,7 @@ def main(argv: list[str] | None = None) -> int:
                                          f"{wave.index} {arm}: {note} ({time.time() - t:.0f} s)")
             servers.append(dict(setup=setup.name, ready_s=round(ready, 1),
                                 kv_tokens=server.kv_tokens(),
-                                rss_peak_gib=round(resident_gib(server.proc.pid,
-                                                                       "VmHWM"), 2)))
+                                rss_peak_gib=round(resident_gib(server.proc.pid, "VmHWM"), 2)))
         except RuntimeError as e:
             failures.append(dict(setup=setup.name, arm=None, cell=None, error=str(e)))
             print(f"[ab] FAILED {setup.name}: {e}", file=sys.stderr)
