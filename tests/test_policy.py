@@ -26,7 +26,7 @@ def plan_seconds(pricer, batch, base, k_step, n, width):
     """Decode seconds of a plan as the policy defines them (its docstring).
 
     Plain decoding (K_step = 0): the plain step of the decoding requests, at
-    the correction of the step's size.  A plan that runs ``k_step`` draft
+    the correction of a plain step of the step's size.  A plan that runs ``k_step`` draft
     positions and verifies ``n`` drafts: the step's corrected price, less the
     prefill chunk's share (profiled plain step with the chunk minus without
     it, and, when a plain step skips the draft, the draft's first pass with
@@ -39,7 +39,7 @@ def plan_seconds(pricer, batch, base, k_step, n, width):
     """
     profile, corr = pricer.profile, pricer.correction
     if k_step == 0:
-        return corr.ratio(base, batch) * profile.step(batch, batch, 0)
+        return corr.ratio(base, batch, plain=True) * profile.step(batch, batch, 0)
     tokens = base + n
     prefill = (max(profile.target(base) - profile.target(batch), 0.0)
                + draft_prefill_pass(profile, batch, base))

@@ -16,6 +16,7 @@ from vllm_specplug.controller import (
 )
 
 from controller_cases import MODERATE, QWEN_CPU, tiny_serve_profile, random_profile
+from vllm_specplug.controller.pricing import decode_curve
 
 
 def test_profile_interpolates_pads_and_extrapolates():
@@ -399,6 +400,69 @@ def test_shapes_the_policy_never_runs_are_priced_at_the_level_of_those_it_runs()
     assert want.k_step == 2
     assert (got.k_step, got.k.tolist()) == (want.k_step, want.k.tolist())
     assert pricer.seconds(12, 4, 2) == pytest.approx(0.78 * profile.step(12, 4, 2), rel=0.03)
+
+
+def served_qwen_profile() -> StepProfile:
+    """The Qwen pair's start-up profile of the A/B grid at ad3b4f0 (this CPU,
+    bfloat16, zero-cost fallback): its 4-token target point measured low, so
+    the verify curve is not convex from four requests up."""
+    return StepProfile([1, 2, 4, 9, 18, 36], [0.1817, 0.1678, 0.1283, 0.1680, 0.2392, 0.3876],
+                       [0.0550, 0.0526, 0.0450, 0.0851, 0.0607, 0.1527], [1, 2, 4],
+                       [0.0570] * 3, catchup_tokens=[62, 144, 296],
+                       catchup_s=[0.166, 0.337, 0.648], meta={"zero_cost_fallback": True})
+
+
+def test_a_plain_price_measured_stays_its_own_while_drafting_steps_move_the_level():
+    # Served ShareGPT at eight requests (A/B grid at ad3b4f0): plain steps of
+    # eight ran 0.96x their profile price; then drafting steps ran 1.1-1.3x
+    # theirs.  With plain priced at the level times its residual, each
+    # drafting step raised the plain price too (0.147 -> 0.21 s in one
+    # wave, no plain step run), the K=1 step stayed at 1.4x plain where it
+    # ran at 1.8x, and the plan drafted a wave that plain decoding would have
+    # run 10-25% faster.  A plain shape measured lately keeps its own price.
+    profile = served_qwen_profile()
+    pricer = StepPricer(profile, width=8)
+    for _ in range(63):
+        assert pricer.observe(8, 8, 0, 0.96 * profile.step(8, 8, 0))
+    plain = pricer.seconds(8, 8, 0)
+    assert plain == pytest.approx(0.96 * profile.step(8, 8, 0), rel=0.01)
+    for i in range(60):
+        k = (2, 4, 8)[i // 20]
+        tokens = 8 + 8 * k
+        assert pricer.observe(tokens, 8, k, 1.25 * pricer.profiled(tokens, 8, k))
+    corr = pricer.correction
+    assert corr.learnt()["common"] > 1.2  # the level: the drafting steps' error
+    # The plain step's own measurement, forgotten a little toward the prior
+    # in 60 steps (weight 0.998^60), not moved 1.25x with the level.
+    assert plain <= pricer.seconds(8, 8, 0) < 1.03 * plain
+    # A plain shape never measured is priced at the prior, which moved.
+    assert pricer.seconds(32, 32, 0) > 1.15 * profile.step(32, 32, 0)
+    # Plain steps measured again: the price is theirs alone.
+    for _ in range(10):
+        assert pricer.observe(8, 8, 0, 0.96 * profile.step(8, 8, 0))
+    assert pricer.seconds(8, 8, 0) == pytest.approx(0.96 * profile.step(8, 8, 0), rel=0.01)
+
+
+def test_a_drafting_step_is_corrected_against_the_price_its_plan_read():
+    # The same profile at four requests: the plans price a K=1 step (8
+    # tokens) on the verify curve made convex from 4 to 36 tokens, 0.209 s,
+    # where the profile's own point is 0.237 s; served the step ran 0.23 s.
+    # Corrected against the point, the correction learnt about 1 and the
+    # plans kept the convex curve's 12% discount: K=1 priced 1.5x a plain step
+    # where it ran 1.95x.  Corrected against the curve, the plans pay what the
+    # steps measured.
+    profile = served_qwen_profile()
+    curve = decode_curve(profile, 4, 4, 8)
+    assert curve[4] < 0.9 * profile.step(8, 4, 1)  # the curve's discount at K=1
+    pricer = StepPricer(profile, width=8)
+    for _ in range(60):
+        assert pricer.observe(8, 4, 1, 0.23)
+    pr = GoodputPolicy().prices(4, 8, 4.0, pricer)
+    assert pr.by_n[4] * pr.ratios(5)[4] == pytest.approx(0.23, rel=0.01)
+    assert pricer.profiled(8, 4, 1) == pytest.approx(curve[4])
+    # Without the plans' width (or past their slots) the profile's point is the price.
+    assert StepPricer(profile).profiled(8, 4, 1) == profile.step(8, 4, 1)
+    assert pricer.profiled(40, 4, 1) == profile.step(40, 4, 1)
 
 
 def test_a_mismatch_learnt_on_drafting_steps_prices_plain_steps_too():

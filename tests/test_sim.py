@@ -111,6 +111,12 @@ KNOWN_MISSES: dict[tuple[str, str, int], float] = {
     # (0.966 -> 0.969).  Floor: as above.
     ("8b-eagle", "hard", 64): 0.95,
     ("8b-eagle", "switch", 64): 0.95,
+    # Since drafting steps are corrected against the convex price their plan
+    # read and plain decoding keeps its own measured price: 0.974 -> 0.969
+    # (mean of six seeds), the sweep's mean 1.0097 -> 1.0081; the served
+    # A/B, where the profile's errors are real, is what these rules are for.
+    # Floor: as above.
+    ("70b-1b", "switch", 64): 0.95,
 }
 
 

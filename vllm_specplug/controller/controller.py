@@ -69,7 +69,7 @@ class SpecController(Probes):
         )
         if profile is None:
             profile = prior_profile("cpu", UNKNOWN_DRAFT_RATIO, 64 * (width + 1), 64)
-        self.pricer = StepPricer(profile, ProfileCorrection())
+        self.pricer = StepPricer(profile, ProfileCorrection(), width)
         check = profile.meta.get("start_check")
         if check and settings.profile_correction:
             self.pricer.correction.seed(check["plain_batches"], check["repeats"],
@@ -97,7 +97,7 @@ class SpecController(Probes):
 
     def set_profile(self, profile: StepProfile) -> None:
         """Price from ``profile`` from now on (the live correction is kept)."""
-        self.pricer = StepPricer(profile, self.pricer.correction)
+        self.pricer = StepPricer(profile, self.pricer.correction, self.pricer.width)
 
     def ceiling(self, req_id: str) -> int | None:
         """A live request's ceiling on drafts, or None if it is not tracked."""

@@ -2,11 +2,10 @@
 
 ``ProfileCorrection`` is the only price learnt from live steps: per band of
 step size, the median ratio of measured to profiled time, tracked with a
-fixed step in log space and clipped to [0.5, 2].  Drafting and plain
-steps of a band share its ratio, so within a band it moves the price
-level, never the profile's price of drafting against plain decoding; a few
-slow first steps move a price a few percent, not to one that keeps drafting
-off for good.
+fixed step in log space and clipped to [0.5, 2].  Drafting steps share a
+level; a plain decoding shape measured lately keeps its own price, which
+drafting steps never move.  A few slow first steps move a price a few
+percent, not to one that keeps drafting off for good.
 """
 
 from __future__ import annotations
@@ -51,27 +50,33 @@ class ProfileCorrection:
     A shape is the power-of-two band of the step's tokens and that of its
     requests: one request verifying four drafts and five requests decoding
     plainly both run five tokens, but not the same draft passes nor
-    attention over the same contexts.  Its ratio is a level common to all
-    shapes (a host faster than when the profile was cached, contexts longer
-    than the profile's) times its own residual, so a shape the policy has not
-    run is priced at the level, as the shapes it runs are, and plans in
-    different shapes compare at one price.  Plain steps (K_step = 0) are
-    priced at one more term, an offset of their own learnt from the
-    decoding plain steps run at any batch size (the level moves with
-    drafting steps only): a profile can price plain and drafting work with
-    different errors, and a plan that drafts every step at a batch size
-    never runs that size's plain step, so would never learn its price (a
-    plain step runs where the plan falls back, at another batch size).
-    Each kept step moves its shape's ratio, and the level or the offset,
-    toward its own by at most ``step`` (running medians): a stall or a
-    few cold first steps move a price by a few percent at most, a steady
-    mismatch is absorbed within a few dozen steps.  Ratios stay in
-    [``low``, ``high``], residuals are forgotten toward the level and the
-    level and the offset toward 1 (``forget`` per observed step): the
-    profile remains the source of the price.  Per request band it also
-    counts the decoding plain steps it has seen, forgotten at the same rate
-    (``plain_seen``): a band whose plain price nothing has measured lately
-    is priced from other bands' errors only (``SpecController`` probes it).
+    attention over the same contexts.  A drafting shape's ratio is a level
+    common to all of them (a host faster than when the profile was cached,
+    contexts longer than the profile's) times its own residual, so a shape
+    the policy has not run is priced at the level, as the shapes it runs
+    are, and plans in different shapes compare at one price.  A plain
+    decoding shape (K_step = 0, no prefill chunk) measured lately is priced
+    at its own ratio alone, weighed against a prior as it was measured
+    lately: drafting steps move the level, and a plain price riding on it
+    moved with them (served ShareGPT at eight requests: the plain step's
+    price rose 0.15 -> 0.21 s in one wave of drafting steps with no plain
+    step run, where plain steps ran 0.15-0.18 s).  The prior, for plain
+    shapes not measured lately, is the level times an offset of their own
+    learnt from the decoding plain steps run at any batch size: a profile
+    can price plain and drafting work with different errors, and a plan
+    that drafts every step at a batch size never runs that size's plain
+    step, so would never learn its price (a plain step runs where the plan
+    falls back, at another batch size).  Each kept step moves its shape's
+    ratio, and the level or the offset, toward its own by at most ``step``
+    (running medians): a stall or a few cold first steps move a price by a
+    few percent at most, a steady mismatch is absorbed within a few dozen
+    steps.  Ratios stay in [``low``, ``high``]; residuals are forgotten
+    toward the level, plain shapes' weights toward the prior, the level and
+    the offset toward 1 (``forget`` per observed step): the profile remains
+    the source of the price.  Per request band it also counts the decoding
+    plain steps it has seen, forgotten at the same rate (``plain_seen``): a
+    band whose plain price nothing has measured lately is priced from the
+    prior only (``SpecController`` probes it).
     """
 
     # Power-of-two bands of a step's tokens and of its requests.
@@ -80,7 +85,7 @@ class ProfileCorrection:
     BANDS = 24
     BATCH_BANDS = 12
     # At most this much (in log) a step; ratios clipped to [LOW, HIGH];
-    # residuals, level and offset forgotten by FORGET a step.
+    # residuals, plain shapes' weights, level and offset forgotten by FORGET a step.
     # Source: the stall and warm-up tests (test_profile.py); constants_sweep.py
     # at 59dd374: a 0.8-1.25 clip and a forgetting of 0 or 0.02 decide alike.
     STEP = 0.02
@@ -97,17 +102,26 @@ class ProfileCorrection:
         self._level = 0.0
         self._plain = 0.0  # the plain steps' offset
         self._log = np.zeros((self.BATCH_BANDS, self.BANDS))  # residuals
+        # Plain decoding shapes: their own log ratio, and how far it was
+        # measured lately (1: the last step was it), against the prior.
+        self._own = np.zeros((self.BATCH_BANDS, self.BANDS))
+        self._weight = np.zeros((self.BATCH_BANDS, self.BANDS))
         self._plain_seen = np.zeros(self.BATCH_BANDS)
         self.observations = 0
 
     def _at(self, tokens: float, batch: int) -> tuple[int, int]:
         return band(float(batch), self.BATCH_BANDS), band(float(tokens), self.BANDS)
 
+    def _log_ratio(self, tokens: float, batch: int, plain: bool) -> float:
+        at = self._at(tokens, batch)
+        if plain and tokens <= batch:
+            prior = self._level + self._plain
+            return prior + self._weight[at] * (self._own[at] - prior)
+        return self._level + (self._plain if plain else 0.0) + self._log[at]
+
     def ratio(self, tokens: float, batch: int, plain: bool = False) -> float:
         """The ratio of a step's shape; ``plain``: of a plain step (K_step = 0)."""
-        off = self._plain if plain else 0.0
-        return math.exp(min(max(self._level + off + self._log[self._at(tokens, batch)],
-                                self.low), self.high))
+        return math.exp(min(max(self._log_ratio(tokens, batch, plain), self.low), self.high))
 
     def ratios_from(self, start: int, count: int, batch: int) -> np.ndarray:
         """Ratios for steps of ``batch`` requests and ``start``, ``start + 1``,
@@ -131,7 +145,7 @@ class ProfileCorrection:
 
     def plain_seen(self, batch: int) -> float:
         """The decoding plain steps of ``batch``'s request band seen lately
-        (each forgotten as the band's residual is)."""
+        (each forgotten as a shape's residual is)."""
         return float(self._plain_seen[band(float(batch), self.BATCH_BANDS)])
 
     def observe(self, tokens: float, batch: int, profiled: float, measured: float,
@@ -142,26 +156,30 @@ class ProfileCorrection:
             return False
         at = self._at(tokens, batch)
         self._log *= self.keep
+        self._weight *= self.keep
         self._plain *= self.keep
         self._plain_seen *= self.keep
         seen = math.log(measured / profiled)
         # The shape's own price moves one step whatever the level does.
-        off = self._plain if plain else 0.0
-        total = self._toward(self._level + off + self._log[at], seen)
-        if plain:
-            # The offset is the decoding plain steps' running median over
-            # the level, which drafting steps alone move: a host faster or
-            # slower moves both, and plain steps never pull drafting prices
-            # toward theirs.  A step with a prefill chunk (more tokens than
-            # requests) corrects its own shape only: a chunk's error is not
-            # a decoding step's.
-            if tokens <= batch:
-                self._plain = self._toward(off, seen - self._level)
-                self._plain_seen[at[0]] += 1.0
+        total = self._toward(self._log_ratio(tokens, batch, plain), seen)
+        if plain and tokens <= batch:
+            # A plain decoding shape keeps its own price: drafting steps,
+            # which move the level, never move it.  The offset is the
+            # decoding plain steps' running median over the level, the
+            # prior of plain shapes not measured lately.
+            self._own[at], self._weight[at] = total, 1.0
+            self._plain = self._toward(self._plain, seen - self._level)
+            self._plain_seen[at[0]] += 1.0
             self._level *= self.keep
+        elif plain:
+            # A step with a prefill chunk (more tokens than requests)
+            # corrects its own shape only: a chunk's error is not a
+            # decoding step's.
+            self._level *= self.keep
+            self._log[at] = total - self._level - self._plain
         else:
             self._level = self._toward(self._level * self.keep, seen)
-        self._log[at] = total - self._level - (self._plain if plain else 0.0)
+            self._log[at] = total - self._level
         self.observations += 1
         return True
 

@@ -38,20 +38,60 @@ class Decision:
         )
 
 
-class StepPricer:
-    """The profile with its live correction: seconds of a planned step."""
+def decode_curve(profile: StepProfile, base: float, batch: int, width: int) -> np.ndarray:
+    """Profiled seconds of a drafting step of ``batch`` requests over ``base``
+    tokens by the number n of slots it verifies (0..``batch * width``),
+    before its further draft passes: the target's and the draft's first pass,
+    made non-decreasing and convex in n (``convex_rise``).  A verified token
+    does not cost less than the one before it, so a profile point a repeat
+    would not reproduce (one 2-token step measured a third dearer than the
+    1- and 9-token steps) is spread over its neighbours instead of pricing
+    one place in every step.  Captured sizes (CUDA graphs) keep their real
+    staircase: there the curve is only made non-decreasing."""
+    raw = profile.verify_and_first(base + np.arange(batch * width + 1, dtype=np.float64))
+    return np.maximum.accumulate(raw) if profile.pad_sizes is not None else convex_rise(raw)
 
-    def __init__(self, profile: StepProfile, correction: ProfileCorrection | None = None) -> None:
+
+class StepPricer:
+    """The profile with its live correction: seconds of a planned step.
+
+    ``width`` (the plans' deepest draft): a decoding drafting step is
+    corrected against the price its plan read, the convex curve of
+    ``decode_curve``, not the profile's raw point, so that what the
+    correction learns at a shape is what the plans there pay (the Qwen
+    pair's CPU profile priced four requests' K=1 step 12% under its raw
+    point on that curve; corrected against the point, the plans kept the
+    discount).
+    """
+
+    def __init__(self, profile: StepProfile, correction: ProfileCorrection | None = None,
+                 width: int = 0) -> None:
         self.profile = profile
         self.correction = correction or ProfileCorrection()
+        self.width = width
+        self._curves: dict[int, np.ndarray] = {}
 
     def seconds(self, tokens: float, batch: int, k_step: int, catchup_tokens: float = 0.0) -> float:
-        raw = self.profile.step(tokens, batch, k_step, catchup_tokens)
+        raw = self.profiled(tokens, batch, k_step, catchup_tokens)
         return raw * self.correction.ratio(tokens, batch, plain=k_step == 0)
+
+    def profiled(self, tokens: float, batch: int, k_step: int,
+                 catchup_tokens: float = 0.0) -> float:
+        """The profile's seconds of a step as a plan prices it."""
+        profile, n = self.profile, int(tokens) - batch
+        if k_step > 0 and self.width and 0 < n <= batch * self.width and n + batch == tokens:
+            curve = self._curves.get(batch)
+            if curve is None:
+                if len(self._curves) > 256:
+                    self._curves.clear()
+                curve = self._curves[batch] = decode_curve(profile, batch, batch, self.width)
+            return float(curve[n] + (k_step - 1) * profile.draft_pass(batch)
+                         + profile.catchup(catchup_tokens))
+        return profile.step(tokens, batch, k_step, catchup_tokens)
 
     def observe(self, tokens: float, batch: int, k_step: int, seconds: float,
                 catchup_tokens: float = 0.0) -> bool:
-        raw = self.profile.step(tokens, batch, k_step, catchup_tokens)
+        raw = self.profiled(tokens, batch, k_step, catchup_tokens)
         return self.correction.observe(tokens, batch, raw, seconds, plain=k_step == 0)
 
 
@@ -130,22 +170,11 @@ class StepPrices:
                      if profile.skips_draft_at_k0 else 0.0)
         by_n, draft_pass = None, 0.0
         if width and batch:
-            # Profiled seconds of a drafting step's decode work by the number n
-            # of slots it verifies (0..all), before the K_step-dependent draft
-            # passes: the step less its prefill share.  Read from the step's
-            # own size up (a smaller shape, a 1-token step measured slower
-            # than a 4-token one, never raises this step's prices), and made
-            # non-decreasing and convex in n (``convex_rise``): a verified
-            # token does not cost less than the one before it, so a profile
-            # point a repeat would not reproduce (one 2-token step measured
-            # a third dearer than the 1- and 9-token steps) is spread over
-            # its neighbours instead of pricing one place in every step.
-            # Captured sizes (CUDA graphs) keep their real staircase: there
-            # the curve is only made non-decreasing.
-            tokens = base + np.arange(batch * width + 1, dtype=np.float64)
-            raw = profile.verify_and_first(tokens)
-            by_n = (np.maximum.accumulate(raw) if profile.pad_sizes is not None
-                    else convex_rise(raw)) - prefill_p - prefill_f
+            # A drafting step's decode work by slots verified, before its
+            # K_step-dependent draft passes: the step less its prefill share,
+            # read from the step's own size up (a smaller shape, a 1-token
+            # step measured slower than a 4-token one, never raises it).
+            by_n = decode_curve(profile, base, batch, width) - prefill_p - prefill_f
             by_n.flags.writeable = False
             draft_pass = profile.draft_pass(batch)
         self._cached_shape = (profile, base, batch, width, prefill_p, prefill_f, plain_p, by_n,
