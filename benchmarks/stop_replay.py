@@ -68,7 +68,7 @@ def record(args) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from vllm_specplug.tools import models
-    from vllm_specplug.tools.bench.served_grid import _sources
+    from vllm_specplug.tools.bench.served_grid import prompt_sources
     from vllm_specplug.tools.bench.setups import SERVED_SETUPS as SETUPS
 
     setup = SETUPS["qwen"]
@@ -83,7 +83,7 @@ def record(args) -> int:
     started = time.monotonic()
     with open(path, "w") as f:
         for workload in args.workloads.split(","):
-            prompts, is_chat = _sources(setup, workload, tok, None)
+            prompts, is_chat = prompt_sources(setup, workload, tok, None)
             if is_chat:
                 prompts = [tok.apply_chat_template([{"role": "user", "content": p}],
                                                    add_generation_prompt=True, tokenize=False)

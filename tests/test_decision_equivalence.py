@@ -6,9 +6,10 @@ K_step x slots matrix per decision, kept in ``tests/reference_controller``
 until its decisions on these tests' inputs were recorded in
 ``tests/data/reference_decisions.npz`` (``tests/data/record_reference.py``
 made it, and says how to make it again).  Every optimisation must leave every
-decision as it was: the same K_step and per-request k (or, on an exact tie of
-two plans' rates, either), the same predictions (to 1e-9 relative), the same controller counters, and the estimator's tables
-bit for bit (recorded as digests).  Random inputs, seeded; no vLLM, a few seconds.
+decision as it was: the same K_step and per-request k (on an exact tie of two
+plans' rates, either), the same predictions (to 1e-9 relative), the same
+controller counters, and the estimator's tables bit for bit (recorded as
+digests).  Random inputs, seeded; no vLLM, a few seconds.
 """
 
 import hashlib

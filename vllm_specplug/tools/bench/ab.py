@@ -45,10 +45,10 @@ from pathlib import Path
 
 from vllm_specplug.tools.bench import served
 from vllm_specplug.tools.bench.ab_report import markdown, summarise, write
-from vllm_specplug.tools.bench.server import (Server, _free_port, resident_gib, server_command,
+from vllm_specplug.tools.bench.server import (Server, free_port, resident_gib, server_command,
                                               server_env)
 from vllm_specplug.tools.bench.served_client import KEEP, client_args, per_request, vllm_bench_serve
-from vllm_specplug.tools.bench.served_grid import Cell, _cell_units, _sources, setup_models
+from vllm_specplug.tools.bench.served_grid import Cell, cell_units, prompt_sources, setup_models
 from vllm_specplug.tools.bench.runner import Progress
 
 # The fixed k of each setup's arms (besides plain and adaptive).
@@ -85,7 +85,7 @@ def build_waves(setup, workloads, concurrency, waves_of, out: Path, tokenizer,
     """Cells, each a list of waves with prompts of their own (no cell reuses another's)."""
     cells = []
     for w in workloads:
-        prompts, is_chat = _sources(setup, w, tokenizer, data_cache)
+        prompts, is_chat = prompt_sources(setup, w, tokenizer, data_cache)
         at = 1  # prompt 0 warms the server up
         for c in concurrency:
             cell = []
@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         plan.append((setup, target, draft, cells))
 
     def units(setup, wave):
-        return _cell_units(setup, Cell(wave.workload, "c", wave.concurrency,
+        return cell_units(setup, Cell(wave.workload, "c", wave.concurrency,
                                        wave.concurrency, "", False, False))
 
     total = sum(setup.ready_s + sum(units(setup, w) * len(arms_of(setup.name))
@@ -253,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     runs, failures, servers = [], [], []
     for setup, target, draft, cells in plan:
         arms = arms_of(setup.name)
-        port = _free_port()
+        port = free_port()
         log = out / "logs" / f"{setup.name}-ab.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         trace = str((out / "logs" / f"{setup.name}-ab-trace.jsonl").resolve()) if args.trace \
@@ -296,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
             server.stop()
     client.close()
     meta = dict(command="python -m vllm_specplug.tools.bench " + " ".join(argv),
-                commit=served._commit(), date=time.strftime("%Y-%m-%d %H:%M:%S"),
+                commit=served.commit(), date=time.strftime("%Y-%m-%d %H:%M:%S"),
                 wall_minutes=round((time.time() - started) / 60, 1),
                 machine=f"{platform.machine()}, {os.cpu_count()} CPUs, {cpu_model()}",
                 vllm=compat.vllm_version(), setups={s.name: s.title for s, *_ in plan},

@@ -52,10 +52,10 @@ from pathlib import Path
 
 from vllm_specplug.tools.bench.runner import Progress
 from vllm_specplug.tools.bench.served_report import ORDER as ARMS
-from vllm_specplug.tools.bench.server import (Server, _free_port, resident_gib, server_command,
+from vllm_specplug.tools.bench.server import (Server, free_port, resident_gib, server_command,
                                               server_env)
 from vllm_specplug.tools.bench.served_client import per_request, raw_path, run_cell
-from vllm_specplug.tools.bench.served_grid import (Cell, _cell_units, _estimate, build_cells,
+from vllm_specplug.tools.bench.served_grid import (Cell, cell_units, estimate_s, build_cells,
                                                    setup_models)
 from vllm_specplug.tools.bench.setups import SERVED_SETUPS as SETUPS
 
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     plan = _plan(args, out)
-    total = args.rounds * sum(_estimate(s, cells, a) for s, _, _, cells, a in plan)
+    total = args.rounds * sum(estimate_s(s, cells, a) for s, _, _, cells, a in plan)
     n_runs = args.rounds * sum(len(cells) * len(a) for _, _, _, cells, a in plan)
     print(f"[served] {n_runs} runs, {args.rounds * sum(len(a) for *_, a in plan)} server starts; "
           f"estimate {total / 60:.0f} min. Progress and time left follow on stderr.", flush=True)
@@ -166,7 +166,7 @@ def _run_arm(args, out: Path, base_env: dict, progress, entry: tuple, arm: str, 
     if any(c.kind == "rate" for c in cells):
         max_c *= 2  # Poisson arrivals can pile up past the closed loop's peak
     tag = f"-r{rnd + 1}" if args.rounds > 1 else ""
-    port = _free_port()
+    port = free_port()
     log = out / "logs" / f"{setup.name}-{arm}{tag}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     trace = (str((out / "logs" / f"{setup.name}-{arm}{tag}-trace.jsonl").resolve())
@@ -180,7 +180,7 @@ def _run_arm(args, out: Path, base_env: dict, progress, entry: tuple, arm: str, 
             # One arm that cannot start does not cost the rest of the grid.
             failures.append(dict(setup=setup.name, arm=arm, cell=None, error=str(e)))
             print(f"[served] FAILED to start {setup.name} {arm}: {e}", file=sys.stderr)
-            progress.advance(setup.ready_s + sum(_cell_units(setup, c) for c in cells),
+            progress.advance(setup.ready_s + sum(cell_units(setup, c) for c in cells),
                              f"{setup.name} {arm}: failed to start")
             return
         info = dict(setup=setup.name, arm=arm, round=rnd + 1, ready_s=round(ready, 1),
@@ -200,7 +200,7 @@ def _run_arm(args, out: Path, base_env: dict, progress, entry: tuple, arm: str, 
                 rec = None
             if rec is not None:
                 runs.append(rec)
-            progress.advance(_cell_units(setup, cell), f"{setup.name} {arm} {cell.key}: "
+            progress.advance(cell_units(setup, cell), f"{setup.name} {arm} {cell.key}: "
                              + (f"{rec.get('output_throughput', 0):.2f} tok/s"
                                 if rec else "FAILED") + f" ({time.time() - t:.0f} s)")
         info["rss_peak_gib"] = round(resident_gib(server.proc.pid, "VmHWM"), 2)
@@ -218,7 +218,7 @@ def _report(argv, args, out: Path, plan, started: float, runs, servers, failures
 
     meta = dict(
         command="python -m vllm_specplug.tools.bench " + " ".join(argv),
-        commit=_commit(), date=time.strftime("%Y-%m-%d %H:%M:%S"),
+        commit=commit(), date=time.strftime("%Y-%m-%d %H:%M:%S"),
         wall_minutes=round((time.time() - started) / 60, 1),
         machine=f"{platform.machine()}, {os.cpu_count()} CPUs, {cpu_model()}, "
                 f"{platform.platform()}",
@@ -320,7 +320,7 @@ def pool(sources: list[Path], out: Path) -> int:
     return 0
 
 
-def _commit() -> str:
+def commit() -> str:
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True, cwd=Path(__file__).resolve().parent).stdout.strip()

@@ -33,7 +33,8 @@ class Cell:
         return f"{self.workload}/{load}/{self.kind}"
 
 
-def _sources(setup: ServedSetup, workload: str, tokenizer, data_cache) -> tuple[list[str], bool]:
+def prompt_sources(setup: ServedSetup, workload: str, tokenizer,
+                   data_cache) -> tuple[list[str], bool]:
     """(prompts in their seeded order, sent to the chat endpoint?)."""
     rng = random.Random(0)
     if setup.name == "tiny":
@@ -85,7 +86,7 @@ def build_cells(setup, workloads, concurrency, with_rate, out: Path, tokenizer,
     cells = []
     single = requests or setup.requests
     for w in workloads:
-        prompts, is_chat = _sources(setup, w, tokenizer, data_cache)
+        prompts, is_chat = prompt_sources(setup, w, tokenizer, data_cache)
         loads = [("c", c, single if c == 1 else waves * c) for c in concurrency]
         if with_rate and setup.rate > 0 and w == setup.rate_workload:
             loads.append(("rate", 0, 2 * max(concurrency)))
@@ -123,12 +124,12 @@ def setup_models(name: str, tiny_root: str) -> tuple[ServedSetup, str, str | Non
 
 
 
-def _cell_units(setup, cell) -> float:
+def cell_units(setup, cell) -> float:
     """A cell's nominal seconds: the up-front estimate and the progress bar's unit."""
     c = max(cell.concurrency, 1)
     return (cell.requests * setup.output_tokens / (setup.nominal_tok_s * min(c, 3) ** 0.6)
             + cell.requests * 150 * setup.prefill_s_per_token + 3)
 
 
-def _estimate(setup, cells, arms) -> float:
-    return (setup.ready_s + sum(_cell_units(setup, c) for c in cells)) * len(arms)
+def estimate_s(setup, cells, arms) -> float:
+    return (setup.ready_s + sum(cell_units(setup, c) for c in cells)) * len(arms)

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 SERVED_NAME = "bench-target"
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
