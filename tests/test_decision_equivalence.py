@@ -186,7 +186,8 @@ def drafting_rate(policy, args, plan) -> float:
     batch, width = survival.shape
     pr = policy.prices(batch, width, base, pricer, **kw)
     n = int(plan.k.sum())
-    seconds = max((pr.by_n[n] + (plan.k_step - 1) * pr.draft_pass) * pr.ratios(n + 1)[n], 1e-12)
+    ratio = pr.ratios(n + 1)[plan.k_step, n]
+    seconds = max((pr.by_n[n] + (plan.k_step - 1) * pr.draft_pass) * ratio, 1e-12)
     tokens = batch + sum(survival[r, :k].sum() for r, k in enumerate(plan.k.tolist()))
     return tokens / (seconds + pr.owed * tokens)
 

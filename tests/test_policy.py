@@ -39,7 +39,7 @@ def plan_seconds(pricer, batch, base, k_step, n, width):
     """
     profile, corr = pricer.profile, pricer.correction
     if k_step == 0:
-        return corr.ratio(base, batch, plain=True) * profile.step(batch, batch, 0)
+        return corr.ratio(base, batch, 0) * profile.step(batch, batch, 0)
     tokens = base + n
     prefill = (max(profile.target(base) - profile.target(batch), 0.0)
                + draft_prefill_pass(profile, batch, base))
@@ -53,7 +53,7 @@ def plan_seconds(pricer, batch, base, k_step, n, width):
         rise = np.concatenate([[0.0], np.cumsum(isotonic(np.diff(curve)))])
         fit = np.maximum(curve[0] + rise, curve[0])
     raw = fit[n] + (k_step - 1) * profile.draft_pass(batch) - prefill
-    return corr.ratio(tokens, batch) * raw
+    return corr.ratio(tokens, batch, k_step) * raw
 
 
 def draft_prefill_pass(profile, batch, base):
@@ -81,6 +81,7 @@ def best_rate_by_enumeration(survival, ceilings, base, pricer, fixed_k_step=None
     (and below each request's ceiling); the price depends on how many it
     admits, so of each number n the most likely n are best.  Slots below
     ``GoodputPolicy.MIN_SURVIVAL`` are never worth a token's verification.
+    K_step runs up to one past the deepest such slot.
     Prices as ``plan_seconds`` plus ``owed_per_token`` for each token of a
     drafting plan, and plain decoding plus ``skip`` spread over ``horizon``
     for each of its tokens, one scalar lookup at a time.
@@ -88,7 +89,11 @@ def best_rate_by_enumeration(survival, ceilings, base, pricer, fixed_k_step=None
     batch, width = survival.shape
     owed = owed_per_token(pricer, batch, base, catch_up, horizon)
     plain_owed = skip / max(horizon, 1.0) if horizon is not None and fixed_k_step is None else 0.0
-    js = [fixed_k_step] if fixed_k_step is not None else range(width + 1)
+    # A K_step past the deepest slot a plan may admit runs a pass for nothing
+    # (its price, read at its own passes' correction, is no reason to).
+    slots = np.arange(width)[None, :] < ceilings[:, None]
+    deepest = int(np.nonzero((slots & (survival > 0.0)).any(axis=0))[0].max(initial=-1))
+    js = [fixed_k_step] if fixed_k_step is not None else range(deepest + 2)
     best = -1.0
     for j in js:
         if j == 0:

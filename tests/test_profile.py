@@ -270,18 +270,19 @@ def test_an_unvisited_band_is_forgotten_back_to_the_profile():
 
 def test_correction_ratios_from_matches_ratio():
     # The policy reads a run of token counts at once; it must be the ratio
-    # of each count's own band.
+    # of each count's own band, row j at K_step j.
     corr = ProfileCorrection(step=0.3)
     rng = np.random.default_rng(1)
     for _ in range(600):
         corr.observe(float(rng.integers(1, 1 << 14)), int(rng.integers(1, 9)), 1.0,
-                     float(rng.lognormal(0.0, 0.6)))
+                     float(rng.lognormal(0.0, 0.6)), int(rng.integers(1, 12)))
     for _ in range(100):
         start, count = int(rng.integers(1, 9000)), int(rng.integers(1, 700))
-        batch = int(rng.integers(1, 9))
-        got = corr.ratios_from(start, count, batch)
-        want = [corr.ratio(t, batch) for t in range(start, start + count)]
-        assert got.shape == (count,) and np.allclose(got, want, rtol=1e-12)
+        batch, width = int(rng.integers(1, 9)), int(rng.integers(1, 12))
+        got = corr.ratios_from(start, count, batch, width)
+        want = [[corr.ratio(t, batch, max(j, 1)) for t in range(start, start + count)]
+                for j in range(width + 1)]
+        assert got.shape == (width + 1, count) and np.allclose(got, want, rtol=1e-12)
 
 
 def test_observe_step_corrects_the_profile_price_and_nothing_else():
@@ -458,11 +459,35 @@ def test_a_drafting_step_is_corrected_against_the_price_its_plan_read():
     for _ in range(60):
         assert pricer.observe(8, 4, 1, 0.23)
     pr = GoodputPolicy().prices(4, 8, 4.0, pricer)
-    assert pr.by_n[4] * pr.ratios(5)[4] == pytest.approx(0.23, rel=0.01)
+    assert pr.by_n[4] * pr.ratios(5)[1, 4] == pytest.approx(0.23, rel=0.01)
     assert pricer.profiled(8, 4, 1) == pytest.approx(curve[4])
     # Without the plans' width (or past their slots) the profile's point is the price.
     assert StepPricer(profile).profiled(8, 4, 1) == profile.step(8, 4, 1)
     assert pricer.profiled(40, 4, 1) == profile.step(40, 4, 1)
+
+
+def test_a_k1_plan_reads_its_own_steps_not_the_k2_steps_in_its_token_band():
+    # Served at eight requests (A/B grid at e20e290, the fixed-k arms on the
+    # same server): K = 2 steps (24 tokens) ran 1.02x the profile, K = 1
+    # steps (16 tokens, the same token band) 1.15x.  Keyed by tokens alone,
+    # the first K = 1 plans after a K = 2 wave read 1.02x and priced the step
+    # 0.265 s where it ran 0.33 s; the plan entered drafting at a loss.  Keyed
+    # by draft passes as well, each plan reads the steps with its passes.
+    profile = served_qwen_profile()
+    pricer = StepPricer(profile, width=8)
+    for _ in range(60):
+        assert pricer.observe(16, 8, 1, 1.15 * pricer.profiled(16, 8, 1))
+    for _ in range(60):
+        assert pricer.observe(24, 8, 2, 1.02 * pricer.profiled(24, 8, 2))
+    assert pricer.seconds(16, 8, 1) == pytest.approx(1.15 * pricer.profiled(16, 8, 1), rel=0.03)
+    assert pricer.seconds(24, 8, 2) == pytest.approx(1.02 * pricer.profiled(24, 8, 2), rel=0.01)
+    pr = GoodputPolicy().prices(8, 8, 8.0, pricer)
+    ratios = pr.ratios(17)
+    assert ratios[1, 8] == pytest.approx(pricer.correction.ratio(16, 8, 1))
+    assert ratios[2, 16] == pytest.approx(pricer.correction.ratio(24, 8, 2))
+    assert ratios[1, 8] > 1.1 * ratios[2, 8]  # one token band, two prices
+    # A pass count no step has run is priced at the level.
+    assert ratios[4, 8] == pytest.approx(pricer.correction.ratio(16, 8, 4))
 
 
 def test_a_mismatch_learnt_on_drafting_steps_prices_plain_steps_too():

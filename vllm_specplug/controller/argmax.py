@@ -111,7 +111,8 @@ def _best_plan(vals, rows, at, by_n, ratio, batch, j_first, j_last, draft_pass, 
     """The argmax of expected tokens per second over K_step j in [j_first, j_last]
     and n, the plan that admits the n most likely slots at positions below j.
 
-    Plans are visited K_step by K_step, each along the sorted slots, and the
+    ``ratio[j, n]``: the correction of a plan of K_step j and n slots.  Plans
+    are visited K_step by K_step, each along the sorted slots, and the
     first of equal rates wins.  Returns K_step, n, the rate, its seconds and
     its expected accepted drafts; fills ``k`` (per request) with its slots.
     """
@@ -127,7 +128,7 @@ def _best_plan(vals, rows, at, by_n, ratio, batch, j_first, j_last, draft_pass, 
                 gain += vals[m]
             elif m > 0:
                 continue  # the same plan as the slot before
-            seconds = max((by_n[n] + passes) * ratio[n], 1e-12)
+            seconds = max((by_n[n] + passes) * ratio[j, n], 1e-12)
             tokens = batch + gain
             per = seconds + owed * tokens
             if per > 0.0 and tokens < cut * per:

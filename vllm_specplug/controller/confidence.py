@@ -145,7 +145,7 @@ def plan_stop_rule(req_ids, rows, ceilings, pr, decision, probing, estimator,
     n = int(k.sum())
     # What each further verified draft adds to the step, up to every cap's worth.
     m = min(max(int(caps.sum()), n) + 1, pr.by_n.size)
-    ratio = pr.ratios(m)
+    ratio = pr.ratios(m)[decision.k_step]
     slot_s = np.maximum(np.diff(pr.by_n[:m] * ratio[:m]), 0.0)
     n = min(n, ratio.size - 1)
     # The rate the argmax maximised: the plan's tokens over its decoding

@@ -3,8 +3,9 @@
 ``ProfileCorrection`` is the only price learnt from live steps: per band of
 step size, the median ratio of measured to profiled time, tracked with a
 fixed step in log space and clipped to [0.5, 2].  Drafting steps share a
-level; a plain decoding shape measured lately keeps its own price, which
-drafting steps never move.  A few slow first steps move a price a few
+level per count of draft passes, each shape (tokens, requests) its own
+residual over it; a plain decoding shape measured lately keeps its own
+price, which drafting steps never move.  A few slow first steps move a price a few
 percent, not to one that keeps drafting off for good.
 """
 
@@ -28,33 +29,50 @@ def band(n, bands):
 
 
 @numba.njit(cache=True)
-def _band_ratios(logs, level, low, high, start, count):
+def _band_ratios(logs, rows, levels, limits, low, high, start, count):
     """``ProfileCorrection.ratio`` at ``start``, ``start + 1``, ... tokens (token
-    bands by ``band``)."""
-    out = np.empty(count)
-    end, t, i = start + count, start, 0
-    while t < end:
-        b = band(t, logs.size)
-        stop = end if b == logs.size - 1 else min(end, 1 << (b + 1))
-        v = math.exp(min(max(level + logs[b], low), high))
-        while t < stop:
-            out[i] = v
-            i += 1
-            t += 1
+    bands by ``band``), one row per K_step j: up to ``limits[j]`` tokens
+    ``logs[rows[j]]`` over ``levels[rows[j]]``, past it row 0's."""
+    out = np.empty((rows.size, count))
+    bands = logs.shape[1]
+    for j in range(rows.size):
+        end, t, i = start + count, start, 0
+        while t < end:
+            b = band(t, bands)
+            stop = end if b == bands - 1 else min(end, 1 << (b + 1))
+            r = rows[j] if t <= limits[j] else 0
+            if r:
+                stop = min(stop, limits[j] + 1)
+            v = math.exp(min(max(levels[r] + logs[r, b], low), high))
+            while t < stop:
+                out[j, i] = v
+                i += 1
+                t += 1
     return out
 
 
 class ProfileCorrection:
     """Per step shape, a median ratio of measured to profiled step time.
 
-    A shape is the power-of-two band of the step's tokens and that of its
-    requests: one request verifying four drafts and five requests decoding
-    plainly both run five tokens, but not the same draft passes nor
-    attention over the same contexts.  A drafting shape's ratio is a level
-    common to all of them (a host faster than when the profile was cached,
-    contexts longer than the profile's) times its own residual, so a shape
-    the policy has not run is priced at the level, as the shapes it runs
-    are, and plans in different shapes compare at one price.  A plain
+    A shape is the power-of-two band of the step's tokens, that of its
+    requests and that of its draft passes (K_step): one request verifying
+    four drafts and five requests decoding plainly both run five tokens,
+    but not the same draft passes nor attention over the same contexts; and
+    eight requests verifying one draft each (16 tokens, one pass) and
+    verifying two (24 tokens, two passes) share a token band but not the
+    error of the draft's price (served Qwen pair at eight requests: K = 2
+    steps ran 1.02x the profile, K = 1 steps 1.15x; keyed by tokens alone,
+    the K = 1 plans read the K = 2 steps' ratio).  A drafting shape's ratio is
+    the level of its draft passes times its own residual, so a shape the
+    policy has not run is priced at its passes' level, as the shapes it
+    runs are, and plans in different shapes compare at one price.  The
+    passes' level is their own running ratio where steps with those passes
+    ran lately, weighed against the level common to all drafting steps (a
+    host faster than when the profile was cached, contexts longer than the
+    profile's) as they were run lately, as a plain shape's price is against
+    its prior: steps of two pass counts that run at different errors, one
+    wave after the other (a fixed k = 2 arm between the adaptive arm's K = 1
+    waves), each keep their price instead of swinging the one level.  A plain
     decoding shape (K_step = 0, no prefill chunk) measured lately is priced
     at its own ratio alone, weighed against a prior as it was measured
     lately: drafting steps move the level, and a plain price riding on it
@@ -84,6 +102,11 @@ class ProfileCorrection:
     # measured/predicted 1.00-1.04, 1.07-1.18 keyed by tokens alone).
     BANDS = 24
     BATCH_BANDS = 12
+    # Draft passes of decoding steps: K_step 1, 2-3, 4-7, 8 and more (rows 1-4);
+    # row 0 the steps with a prefill chunk, plain or drafting, whose error is
+    # the chunk's.  Source: the A/B grid at e20e290 (the K = 1
+    # and K = 2 steps' ratios above).
+    PASS_ROWS = 5
     # At most this much (in log) a step; ratios clipped to [LOW, HIGH];
     # residuals, plain shapes' weights, level and offset forgotten by FORGET a step.
     # Source: the stall and warm-up tests (test_profile.py); constants_sweep.py
@@ -99,9 +122,15 @@ class ProfileCorrection:
         # of keeping an old price.
         self.keep = 1.0 - forget
         self.low, self.high = math.log(low), math.log(high)
-        self._level = 0.0
+        self._level = 0.0  # common to all drafting steps
         self._plain = 0.0  # the plain steps' offset
-        self._log = np.zeros((self.BATCH_BANDS, self.BANDS))  # residuals
+        # Each draft-pass row's level and how far it was run lately, against
+        # the common level (row 0, plain steps with a chunk, reads the common
+        # level times the plain offset).
+        self._rows = np.zeros(self.PASS_ROWS)
+        self._row_weight = np.zeros(self.PASS_ROWS)
+        # Residuals over the rows' levels, by row, request band and token band.
+        self._log = np.zeros((self.PASS_ROWS, self.BATCH_BANDS, self.BANDS))
         # Plain decoding shapes: their own log ratio, and how far it was
         # measured lately (1: the last step was it), against the prior.
         self._own = np.zeros((self.BATCH_BANDS, self.BANDS))
@@ -112,22 +141,42 @@ class ProfileCorrection:
     def _at(self, tokens: float, batch: int) -> tuple[int, int]:
         return band(float(batch), self.BATCH_BANDS), band(float(tokens), self.BANDS)
 
-    def _log_ratio(self, tokens: float, batch: int, plain: bool) -> float:
+    def pass_row(self, tokens: float, batch: int, k_step: int) -> int:
+        """The residuals' row of a step: 0 with a prefill chunk (more tokens
+        than its requests and ``k_step`` drafts each), else by its passes."""
+        if k_step <= 0 or tokens > batch * (1 + k_step):
+            return 0
+        return 1 + band(float(k_step), self.PASS_ROWS - 1)
+
+    def _levels(self) -> np.ndarray:
+        """Each pass row's level (log): its own weighed against the common one
+        (row 0: the common one)."""
+        levels = self._level + self._row_weight * (self._rows - self._level)
+        levels[0] = self._level
+        return levels
+
+    def _log_ratio(self, tokens: float, batch: int, k_step: int) -> float:
         at = self._at(tokens, batch)
-        if plain and tokens <= batch:
+        if k_step <= 0 and tokens <= batch:
             prior = self._level + self._plain
             return prior + self._weight[at] * (self._own[at] - prior)
-        return self._level + (self._plain if plain else 0.0) + self._log[at]
+        row = self.pass_row(tokens, batch, k_step)
+        return (self._levels()[row] + (self._plain if k_step <= 0 else 0.0)
+                + self._log[(row, *at)])
 
-    def ratio(self, tokens: float, batch: int, plain: bool = False) -> float:
-        """The ratio of a step's shape; ``plain``: of a plain step (K_step = 0)."""
-        return math.exp(min(max(self._log_ratio(tokens, batch, plain), self.low), self.high))
+    def ratio(self, tokens: float, batch: int, k_step: int = 1) -> float:
+        """The ratio of a step's shape (``k_step`` 0: a plain step)."""
+        return math.exp(min(max(self._log_ratio(tokens, batch, k_step), self.low), self.high))
 
-    def ratios_from(self, start: int, count: int, batch: int) -> np.ndarray:
-        """Ratios for steps of ``batch`` requests and ``start``, ``start + 1``,
-        ... ``start + count - 1`` tokens."""
-        return _band_ratios(self._log[band(float(batch), self.BATCH_BANDS)], self._level,
-                            self.low, self.high, int(start), int(count))
+    def ratios_from(self, start: int, count: int, batch: int, width: int) -> np.ndarray:
+        """Ratios of drafting steps of ``batch`` requests and ``start``, ``start +
+        1``, ... ``start + count - 1`` tokens: row j for K_step j, 1..``width``
+        (row 0 is row 1's), each as ``ratio`` reads it."""
+        js = np.maximum(np.arange(width + 1), 1)
+        rows = np.array([self.pass_row(batch, batch, j) for j in js], dtype=np.int64)
+        return _band_ratios(self._log[:, band(float(batch), self.BATCH_BANDS)], rows,
+                            self._levels(), batch * (1 + js), self.low, self.high, int(start),
+                            int(count))
 
     def seed(self, plain_batches, repeats: float, plain: float = 1.0,
              drafting: float = 1.0) -> None:
@@ -149,19 +198,21 @@ class ProfileCorrection:
         return float(self._plain_seen[band(float(batch), self.BATCH_BANDS)])
 
     def observe(self, tokens: float, batch: int, profiled: float, measured: float,
-                plain: bool = False) -> bool:
-        """Fold in one step (``plain``: K_step = 0); returns whether it was kept
-        (garbage timings are not)."""
+                k_step: int = 1) -> bool:
+        """Fold in one step of ``k_step`` draft passes (0: a plain step); returns
+        whether it was kept (garbage timings are not)."""
         if not (profiled > 0 and math.isfinite(measured) and measured > 0):
             return False
         at = self._at(tokens, batch)
+        plain = k_step <= 0
         self._log *= self.keep
         self._weight *= self.keep
+        self._row_weight *= self.keep
         self._plain *= self.keep
         self._plain_seen *= self.keep
         seen = math.log(measured / profiled)
         # The shape's own price moves one step whatever the level does.
-        total = self._toward(self._log_ratio(tokens, batch, plain), seen)
+        total = self._toward(self._log_ratio(tokens, batch, k_step), seen)
         if plain and tokens <= batch:
             # A plain decoding shape keeps its own price: drafting steps,
             # which move the level, never move it.  The offset is the
@@ -176,10 +227,16 @@ class ProfileCorrection:
             # corrects its own shape only: a chunk's error is not a
             # decoding step's.
             self._level *= self.keep
-            self._log[at] = total - self._level - self._plain
+            self._log[(0, *at)] = total - self._level - self._plain
         else:
+            # The common level and the passes' own move toward the step's
+            # error; the shape's residual is what is left over its passes'.
+            row = self.pass_row(tokens, batch, k_step)
+            if row:
+                self._rows[row] = self._toward(self._levels()[row], seen)
+                self._row_weight[row] = 1.0
             self._level = self._toward(self._level * self.keep, seen)
-            self._log[at] = total - self._level
+            self._log[(row, *at)] = total - self._levels()[row]
         self.observations += 1
         return True
 
@@ -188,11 +245,15 @@ class ProfileCorrection:
         return min(max(cur, self.low), self.high)
 
     def learnt(self) -> dict[str, float]:
-        """The level (``"common"``), the plain steps' offset (``"plain"``) and the
-        shapes steps have moved (drafting steps' ratios), as
-        ``"<tokens>x<batch>"`` (each band's first value) -> ratio."""
-        rows, cols = np.nonzero(self._log)
-        return {"common": round(math.exp(self._level), 3),
-                "plain": round(math.exp(self._plain), 3)} | {
-            f"{1 << int(c)}x{1 << int(r)}": round(self.ratio(1 << int(c), 1 << int(r)), 3)
-            for r, c in zip(rows, cols)}
+        """The level (``"common"``), the plain steps' offset (``"plain"``), each pass
+        row's level run lately (``"k<K_step>"``, its first K_step) and the
+        drafting shapes steps have moved, as ``"<tokens>x<batch>k<K_step>"``
+        (each band's first value; ``k0``: steps with a prefill chunk) -> ratio."""
+        levels = self._levels()
+        first = lambda p: 0 if p == 0 else 1 << (int(p) - 1)  # noqa: E731
+        clip = lambda x: round(math.exp(min(max(x, self.low), self.high)), 3)  # noqa: E731
+        passes, rows, cols = np.nonzero(self._log)
+        return ({"common": clip(self._level), "plain": clip(self._plain)}
+                | {f"k{first(p)}": clip(levels[p]) for p in np.nonzero(self._row_weight)[0]}
+                | {f"{1 << int(c)}x{1 << int(r)}k{first(p)}": clip(levels[p] + self._log[p, r, c])
+                   for p, r, c in zip(passes, rows, cols)})

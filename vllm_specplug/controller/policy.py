@@ -151,7 +151,7 @@ class GoodputPolicy(StepPrices):
                                                    j_last, pr.draft_pass, pr.owed, k)
         # Without slots: plain decoding, or the pinned K_step's passes alone.
         if fixed_k_step is not None:
-            zero_s = max((by_n[0] + (j_first - 1) * pr.draft_pass) * ratio[0], 1e-12)
+            zero_s = max((by_n[0] + (j_first - 1) * pr.draft_pass) * ratio[j_first, 0], 1e-12)
             zero = float(batch / zero_s)
         else:
             zero_s = pr.plain
@@ -162,12 +162,12 @@ class GoodputPolicy(StepPrices):
             slots = 0
         if slots == 0:
             return Decision(k_step=j, k=np.zeros(batch, dtype=np.int64),
-                            predicted_seconds=float(zero_s + ratio[0] * pr.prefill_p
+                            predicted_seconds=float(zero_s + ratio[j, 0] * pr.prefill_p
                                                     + (pr.unseen_s if j > 0 else 0.0)),
                             predicted_tokens=float(batch),
                             plain_seconds=float(pr.plain_full), plain_tokens=float(batch))
         return Decision(k_step=j, k=k,
-                        predicted_seconds=float(seconds + ratio[slots] * pr.prefill_p
+                        predicted_seconds=float(seconds + ratio[j, slots] * pr.prefill_p
                                                 + pr.unseen_s),
                         predicted_tokens=float(batch + gain),
                         plain_seconds=float(pr.plain_full), plain_tokens=float(batch))
@@ -179,7 +179,7 @@ class GoodputPolicy(StepPrices):
         n = int(k.sum())
         if n == 0 or pr.by_n is None:
             return self._plain(batch, pr.plain, pr.prefill_s, k_step)
-        ratio = float(pr.ratios(n + 1)[n])
+        ratio = float(pr.ratios(n + 1)[k_step, n])
         seconds = max((pr.by_n[n] + (k_step - 1) * pr.draft_pass) * ratio, 1e-12)
         gain = _slots_gain(survival, k)
         return Decision(k_step=k_step, k=k,

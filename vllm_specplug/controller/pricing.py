@@ -73,7 +73,7 @@ class StepPricer:
 
     def seconds(self, tokens: float, batch: int, k_step: int, catchup_tokens: float = 0.0) -> float:
         raw = self.profiled(tokens, batch, k_step, catchup_tokens)
-        return raw * self.correction.ratio(tokens, batch, plain=k_step == 0)
+        return raw * self.correction.ratio(tokens, batch, k_step)
 
     def profiled(self, tokens: float, batch: int, k_step: int,
                  catchup_tokens: float = 0.0) -> float:
@@ -92,7 +92,7 @@ class StepPricer:
     def observe(self, tokens: float, batch: int, k_step: int, seconds: float,
                 catchup_tokens: float = 0.0) -> bool:
         raw = self.profiled(tokens, batch, k_step, catchup_tokens)
-        return self.correction.observe(tokens, batch, raw, seconds, plain=k_step == 0)
+        return self.correction.observe(tokens, batch, raw, seconds, k_step)
 
 
 @dataclass
@@ -108,7 +108,8 @@ class _Prices:
     plain: float         # plain decoding's seconds, without the prefill chunk
     plain_charged: float # ... plus its share of what skipping the draft adds
     by_n: np.ndarray | None = None   # a drafting step's decode seconds by slots verified
-    ratios: Callable[[int], np.ndarray] | None = None  # its correction, for 0..n-1 slots
+    # Its correction for 0..n-1 slots, row j at K_step j (``ProfileCorrection.ratios_from``).
+    ratios: Callable[[int], np.ndarray] | None = None
     draft_pass: float = 0.0
 
 
@@ -127,7 +128,7 @@ class StepPrices:
         # Every plan of this step is priced at the correction of the step's
         # own shape, prefill chunk and all; the plain plan at a plain step's.
         ratio = corr.ratio(base, batch)
-        plain_ratio = corr.ratio(base, batch, plain=True)
+        plain_ratio = corr.ratio(base, batch, 0)
         # The plain step with its prefill chunk: at least the plain step without it.
         plain_full = (plain_p + prefill_p) * plain_ratio
         prefill_s = prefill_p * plain_ratio
@@ -139,14 +140,15 @@ class StepPrices:
         if fixed_k_step == 0 or width == 0 or batch == 0:
             return pr
         pr.by_n, pr.draft_pass = by_n, draft_pass
-        # The correction's ratios for the step's tokens and 0..all slots,
-        # taken once per decision; a plan of n slots reads the first n + 1.
-        full = []
+        # The correction's ratios for the step's tokens and 0..all slots, by
+        # K_step (up to the pinned one), taken once per decision; a plan of n
+        # slots reads the first n + 1.
+        full, passes = [], max(width, fixed_k_step or 0)
 
         def ratios(count: int) -> np.ndarray:
             if not full:
-                full.append(corr.ratios_from(int(base), by_n.size, batch=batch))
-            return full[0][:count]
+                full.append(corr.ratios_from(int(base), by_n.size, batch, passes))
+            return full[0][:, :count]
 
         pr.ratios = ratios
         return pr
