@@ -89,9 +89,9 @@ class ProfileCorrection:
     (running medians): a stall or a few cold first steps move a price by a
     few percent at most, a steady mismatch is absorbed within a few dozen
     steps.  Ratios stay in [``low``, ``high``]; residuals are forgotten
-    toward the level, plain shapes' weights toward the prior, the level and
-    the offset toward 1 (``forget`` per observed step): the profile remains
-    the source of the price.  Per request band it also counts the decoding
+    toward the level, plain shapes' and pass counts' weights toward their
+    prior, the level and the offset toward 1 (``forget`` per observed
+    step): the profile remains the source of the price.  Per request band it also counts the decoding
     plain steps it has seen, forgotten at the same rate (``plain_seen``): a
     band whose plain price nothing has measured lately is priced from the
     prior only (``SpecController`` probes it).
@@ -125,8 +125,8 @@ class ProfileCorrection:
         self._level = 0.0  # common to all drafting steps
         self._plain = 0.0  # the plain steps' offset
         # Each draft-pass row's level and how far it was run lately, against
-        # the common level (row 0, plain steps with a chunk, reads the common
-        # level times the plain offset).
+        # the common level (row 0, the steps with a prefill chunk, reads the
+        # common level; its plain ones times the plain offset).
         self._rows = np.zeros(self.PASS_ROWS)
         self._row_weight = np.zeros(self.PASS_ROWS)
         # Residuals over the rows' levels, by row, request band and token band.
