@@ -29,21 +29,25 @@ def band(n, bands):
 
 
 @numba.njit(cache=True)
-def _band_ratios(logs, rows, levels, limits, low, high, start, count):
+def _band_ratios(logs, rows, js, batch, level, own, weight, low, high, start, count):
     """``ProfileCorrection.ratio`` at ``start``, ``start + 1``, ... tokens (token
-    bands by ``band``), one row per K_step j: up to ``limits[j]`` tokens
-    ``logs[rows[j]]`` over ``levels[rows[j]]``, past it row 0's."""
+    bands by ``band``), one row per K_step ``js[j]``: up to ``batch * (1 +
+    js[j])`` tokens ``logs[rows[j]]`` over that pass row's level (its ``own``
+    weighed against ``level`` by ``weight``), past it row 0's over ``level``."""
     out = np.empty((rows.size, count))
     bands = logs.shape[1]
     for j in range(rows.size):
+        limit = batch * (1 + js[j])
         end, t, i = start + count, start, 0
         while t < end:
             b = band(t, bands)
             stop = end if b == bands - 1 else min(end, 1 << (b + 1))
-            r = rows[j] if t <= limits[j] else 0
+            r = rows[j] if t <= limit else 0
+            lv = level
             if r:
-                stop = min(stop, limits[j] + 1)
-            v = math.exp(min(max(levels[r] + logs[r, b], low), high))
+                stop = min(stop, limit + 1)
+                lv = level + weight[r] * (own[r] - level)
+            v = math.exp(min(max(lv + logs[r, b], low), high))
             while t < stop:
                 out[j, i] = v
                 i += 1
@@ -91,10 +95,11 @@ class ProfileCorrection:
     steps.  Ratios stay in [``low``, ``high``]; residuals are forgotten
     toward the level, plain shapes' and pass counts' weights toward their
     prior, the level and the offset toward 1 (``forget`` per observed
-    step): the profile remains the source of the price.  Per request band it also counts the decoding
-    plain steps it has seen, forgotten at the same rate (``plain_seen``): a
-    band whose plain price nothing has measured lately is priced from the
-    prior only (``SpecController`` probes it).
+    step): the profile remains the source of the price.  Per request band
+    it also counts the decoding plain steps it has seen, forgotten at the
+    same rate (``plain_seen``): a band whose plain price nothing has
+    measured lately is priced from the prior only (``SpecController``
+    probes it).
     """
 
     # Power-of-two bands of a step's tokens and of its requests.
@@ -131,6 +136,7 @@ class ProfileCorrection:
         self._row_weight = np.zeros(self.PASS_ROWS)
         # Residuals over the rows' levels, by row, request band and token band.
         self._log = np.zeros((self.PASS_ROWS, self.BATCH_BANDS, self.BANDS))
+        self._by_width: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # _pass_rows
         # Plain decoding shapes: their own log ratio, and how far it was
         # measured lately (1: the last step was it), against the prior.
         self._own = np.zeros((self.BATCH_BANDS, self.BANDS))
@@ -148,12 +154,22 @@ class ProfileCorrection:
             return 0
         return 1 + band(float(k_step), self.PASS_ROWS - 1)
 
-    def _levels(self) -> np.ndarray:
-        """Each pass row's level (log): its own weighed against the common one
-        (row 0: the common one)."""
-        levels = self._level + self._row_weight * (self._rows - self._level)
-        levels[0] = self._level
-        return levels
+    def _row_level(self, row: int) -> float:
+        """A pass row's level (log): its own weighed against the common one
+        (row 0: the common one; ``_band_ratios`` reads it the same way)."""
+        if row == 0:
+            return self._level
+        return self._level + self._row_weight[row] * (self._rows[row] - self._level)
+
+    def _pass_rows(self, width: int) -> tuple[np.ndarray, np.ndarray]:
+        """K_step 0..``width`` (0 read as 1) and each one's pass row as a
+        decoding step, cached per width (a decision asks every step)."""
+        cached = self._by_width.get(width)
+        if cached is None:
+            js = np.maximum(np.arange(width + 1), 1)
+            rows = np.array([self.pass_row(1, 1, j) for j in js], dtype=np.int64)
+            cached = self._by_width[width] = (js, rows)
+        return cached
 
     def _log_ratio(self, tokens: float, batch: int, k_step: int) -> float:
         at = self._at(tokens, batch)
@@ -161,7 +177,7 @@ class ProfileCorrection:
             prior = self._level + self._plain
             return prior + self._weight[at] * (self._own[at] - prior)
         row = self.pass_row(tokens, batch, k_step)
-        return (self._levels()[row] + (self._plain if k_step <= 0 else 0.0)
+        return (self._row_level(row) + (self._plain if k_step <= 0 else 0.0)
                 + self._log[(row, *at)])
 
     def ratio(self, tokens: float, batch: int, k_step: int = 1) -> float:
@@ -172,11 +188,10 @@ class ProfileCorrection:
         """Ratios of drafting steps of ``batch`` requests and ``start``, ``start +
         1``, ... ``start + count - 1`` tokens: row j for K_step j, 1..``width``
         (row 0 is row 1's), each as ``ratio`` reads it."""
-        js = np.maximum(np.arange(width + 1), 1)
-        rows = np.array([self.pass_row(batch, batch, j) for j in js], dtype=np.int64)
-        return _band_ratios(self._log[:, band(float(batch), self.BATCH_BANDS)], rows,
-                            self._levels(), batch * (1 + js), self.low, self.high, int(start),
-                            int(count))
+        js, rows = self._pass_rows(width)
+        return _band_ratios(self._log[:, band(float(batch), self.BATCH_BANDS)], rows, js,
+                            int(batch), self._level, self._rows, self._row_weight, self.low,
+                            self.high, int(start), int(count))
 
     def seed(self, plain_batches, repeats: float, plain: float = 1.0,
              drafting: float = 1.0) -> None:
@@ -233,10 +248,10 @@ class ProfileCorrection:
             # error; the shape's residual is what is left over its passes'.
             row = self.pass_row(tokens, batch, k_step)
             if row:
-                self._rows[row] = self._toward(self._levels()[row], seen)
+                self._rows[row] = self._toward(self._row_level(row), seen)
                 self._row_weight[row] = 1.0
             self._level = self._toward(self._level * self.keep, seen)
-            self._log[(row, *at)] = total - self._levels()[row]
+            self._log[(row, *at)] = total - self._row_level(row)
         self.observations += 1
         return True
 
@@ -249,11 +264,12 @@ class ProfileCorrection:
         row's level run lately (``"k<K_step>"``, its first K_step) and the
         drafting shapes steps have moved, as ``"<tokens>x<batch>k<K_step>"``
         (each band's first value; ``k0``: steps with a prefill chunk) -> ratio."""
-        levels = self._levels()
         first = lambda p: 0 if p == 0 else 1 << (int(p) - 1)  # noqa: E731
         clip = lambda x: round(math.exp(min(max(x, self.low), self.high)), 3)  # noqa: E731
         passes, rows, cols = np.nonzero(self._log)
         return ({"common": clip(self._level), "plain": clip(self._plain)}
-                | {f"k{first(p)}": clip(levels[p]) for p in np.nonzero(self._row_weight)[0]}
-                | {f"{1 << int(c)}x{1 << int(r)}k{first(p)}": clip(levels[p] + self._log[p, r, c])
+                | {f"k{first(p)}": clip(self._row_level(p))
+                   for p in np.nonzero(self._row_weight)[0]}
+                | {f"{1 << int(c)}x{1 << int(r)}k{first(p)}":
+                   clip(self._row_level(p) + self._log[p, r, c])
                    for p, r, c in zip(passes, rows, cols)})
