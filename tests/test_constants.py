@@ -22,7 +22,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 MODULES = [f"vllm_specplug.controller.{m}" for m in (
     "settings", "estimator", "estimator_kernels", "policy", "pricing", "argmax", "baselines",
-    "confidence", "probes", "controller", "profile", "correction")] + [
+    "confidence", "probes", "controller", "profile", "correction", "horizon")] + [
     f"vllm_specplug.profiling.{m}" for m in ("rounds", "testbench", "validation", "keys")] + [
     "vllm_specplug.config"]
 NUMBER = re.compile(r"(?<![\w.])[-+x]?(\d[\d,]*\.?\d*(?:e-?\d+)?)(%?)")

@@ -13,18 +13,21 @@ and the test's input generators from the current checkout::
     git show ad3b4f0 -- vllm_specplug/controller/profile.py | patch -p1 -d /tmp/reference
     patch -p1 -d /tmp/reference < tests/data/reference_pricing.patch
     patch -p1 -d /tmp/reference < tests/data/reference_passes.patch
+    patch -p1 -d /tmp/reference < tests/data/reference_horizon.patch
     PYTHONPATH=/tmp/reference:/tmp/reference/tests python tests/data/record_reference.py
 
 The patches give the reference the pricing rules added since: ``ad3b4f0``
 (the first pass past its timed sizes grows at least at the catch-up's
 slope), ``reference_pricing.patch`` (a plain decoding shape measured
 lately keeps its own price; a decoding drafting step is corrected against
-the convex curve its plan read) and ``reference_passes.patch`` (drafting
+the convex curve its plan read), ``reference_passes.patch`` (drafting
 steps keyed by their draft passes, each pass count at its own level
-weighed against the common one), each written there in the reference's own
-terms.  A later change of what a decision prices goes into the reference the
-same way, so that the test keeps checking only how the controller computes
-its decisions.
+weighed against the common one) and ``reference_horizon.patch`` (the tokens
+left as finished requests' lengths say, and a lone new prompt that waits for
+its batch: ``controller/horizon.py``, whose class it copies), each written
+there in the reference's own terms.  A later change of what a decision
+prices goes into the reference the same way, so that the test keeps checking
+only how the controller computes its decisions.
 
 It writes ``tests/data/reference_decisions.npz`` (about 280 KiB): the seeded
 random inputs the test builds (its generators are imported from it, so they

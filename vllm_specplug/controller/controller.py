@@ -22,6 +22,7 @@ from vllm_specplug.controller.baselines import HeuristicPolicy, StaticPolicy
 from vllm_specplug.controller.confidence import ConfidenceCalibration, StopRule, plan_stop_rule
 from vllm_specplug.controller.correction import ProfileCorrection
 from vllm_specplug.controller.estimator import AcceptanceEstimator
+from vllm_specplug.controller.horizon import Horizon
 from vllm_specplug.controller.policy import GoodputPolicy
 from vllm_specplug.controller.pricing import Decision, StepPricer
 from vllm_specplug.controller.probes import Probes, _probe_verdicts
@@ -75,6 +76,7 @@ class SpecController(Probes):
             self.pricer.correction.seed(check["plain_batches"], check["repeats"],
                                         check["plain"], check["drafting"])
         self.goodput = GoodputPolicy(min_gain=settings.min_gain)
+        self.horizon = Horizon(width)
         static_k = settings.max_k if settings.static_k is None else settings.static_k
         self.static = StaticPolicy(min(static_k, settings.max_k))
         self.heuristic = HeuristicPolicy(initial_k=settings.max_k, max_k=settings.max_k)
@@ -110,7 +112,7 @@ class SpecController(Probes):
         for name, fill in (("_ceiling", 0), ("_fixed", -1), ("_backoff", s.probe_interval),
                            ("_waited", 0),
                            ("_probe_at", -1), ("_probe_size", s.probe_k), ("_probe_ok", 0),
-                           ("_in_fallback", 0)):
+                           ("_in_fallback", 0), ("_first_left", -1), ("_last_left", -1)):
             old = getattr(self, name, None)
             new = np.full(capacity, fill, dtype=np.int64)
             if old is not None:
@@ -137,6 +139,7 @@ class SpecController(Probes):
         self._waited[row] = s.probe_interval
         self._probe_ok[row] = 0
         self._in_fallback[row] = 0
+        self._first_left[row] = self._last_left[row] = -1
         self._last_ids = None
         self.heuristic.reset(row)
 
@@ -161,6 +164,9 @@ class SpecController(Probes):
         if row is None:
             return
         self._in_fallback[row] = 0
+        if self._first_left[row] >= 0:
+            self.horizon.finished(int(self._first_left[row] - self._last_left[row]),
+                                  int(self._last_left[row]))
         self._last_ids = None
         self.estimator.remove(req_id)
 
@@ -258,22 +264,27 @@ class SpecController(Probes):
         step yields at least one: a request can use at most ``tokens_left -
         2`` drafts (one capped at 0 is not in fallback).
         ``catchup_if_plain``: the catch-up tokens pending after this step if
-        it drafts nothing.  With ``tokens_left``, the catch-up and the
-        draft's pass over a prefill chunk are spread over the tokens the
-        batch has left and charged per token to plans that draft, and what a
-        plain step adds to the catch-up is charged to plain decoding the
-        same way (``GoodputPolicy``); without it nothing is charged.  The
-        catch-up and the pass are in the predicted seconds of a plan that
-        drafts.
+        it drafts nothing.  With ``tokens_left``, the catch-up and the draft's
+        pass over a prefill chunk are charged to drafting plans, what a plain
+        step adds to the catch-up to plain decoding, per token the batch is
+        expected to have left (``GoodputPolicy``, ``Horizon``).
         """
         batch = len(req_ids)
+        self.horizon.ran(batch)
         if batch == 0:
             return Decision(k_step=fixed_k_step or 0, k=np.zeros(0, dtype=np.int64))
         rows = self.rows(req_ids)
         ceilings = self._ceiling[rows]
         policy = self.settings.policy
-        caps = (None if tokens_left is None else
-                np.maximum(np.asarray(tokens_left, dtype=np.int64) - 2, 0))
+        caps = left = output = None
+        if tokens_left is not None:
+            left = np.asarray(tokens_left, dtype=np.int64)
+            caps = np.maximum(left - 2, 0)
+            first = self._first_left[rows]
+            new = first < 0
+            first = np.where(new, left, first)
+            self._first_left[rows], self._last_left[rows] = first, left
+            output = np.maximum(first - left, 0)
         # The static policy is vLLM's static K, a baseline: it drafts K up to
         # max_tokens as vLLM does.
         if caps is not None and policy != "static":
@@ -299,15 +310,22 @@ class SpecController(Probes):
             skip = (profile.catchup(catchup_if_plain) - catch_up
                     if catchup_if_plain and catchup_if_plain > catchup_tokens else 0.0)
             # What the draft has not seen buys drafting for the batch's tokens
-            # left (those of a request past its last usable draft count as 2).
-            horizon = (float(np.sum(caps)) + 2.0 * batch
-                       if caps is not None and fixed_k_step is None else None)
+            # left (past a request's last usable draft, 2): ``Horizon``.
+            horizon = None
+            if caps is not None and fixed_k_step is None:
+                expect = self.horizon.left(output, left)
+                horizon = float(np.sum(np.maximum(expect - 2, 0))) + 2.0 * batch
             survival = self.estimator.survival(rows)
             prices = self.goodput.prices(batch, survival.shape[1], base, self.pricer,
                                          fixed_k_step, catch_up, horizon, skip)
-            decision = self.goodput.decide_priced(survival, ceilings, prices)
-            plain = self._plain_probe(batch, base, decision, prices)
-            decision = plain or self._probe(rows, ceilings, decision, survival, prices)
+            if (horizon is not None and base > batch and prices.unseen_s > 0 and new.all()
+                    and self.horizon.crowd() > batch):
+                # New prompts alone after larger batches wait for theirs.
+                decision = self.goodput.price(None, np.zeros(batch, dtype=np.int64), 0, prices)
+            else:
+                decision = self.goodput.decide_priced(survival, ceilings, prices)
+                plain = self._plain_probe(batch, base, decision, prices)
+                decision = plain or self._probe(rows, ceilings, decision, survival, prices)
             decision.basis = (req_ids, rows, ceilings, prices, None)
         if pinned.any():
             decision = self._with_fixed(decision, pinned, forced, fixed_k_step, survival, prices)
