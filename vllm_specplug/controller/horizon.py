@@ -21,9 +21,9 @@ drafts past it, and buys drafting for the tokens the batch has left
   and its prompt step priced as one request's, where drafting pays, then the
   others join and the batch decodes plainly (served, eight requests a wave:
   the lone first prompt's draft pass priced 0.16-0.69 s over its plain step,
-  in waves of 10-18 s, and no draft after it).  So a step whose requests are all new
-  prompts, in a server that ran a larger batch within ``RECENT_PLANS``
-  plans, drafts nothing (``SpecController.plan``): the draft's pass over the
+  in waves of 10-18 s, and no draft after it).  So a step whose requests are
+  all new prompts, in a server that ran a larger batch within
+  ``RECENT_PLANS`` plans, drafts nothing (``SpecController.plan``): the draft's pass over the
   prompts waits for the next step, which knows its batch, and is a catch-up
   there if that step drafts.  Waiting costs at most one step of drafts for
   the new requests.
@@ -53,7 +53,6 @@ class Horizon:
         self._length = np.zeros(self.LENGTHS, dtype=np.int64)
         self._capped = np.zeros(self.LENGTHS, dtype=np.bool_)
         self._kept = 0
-        self._ended = 0  # kept requests that ended below their caps
         self._batches = np.zeros(self.RECENT_PLANS, dtype=np.int64)
         self._plans = 0
 
@@ -70,20 +69,16 @@ class Horizon:
         """A request ended with ``output`` tokens generated and ``left`` more allowed
         at its last plan: it reached its cap when its last step could have."""
         i = self._kept % self.LENGTHS
-        if self._kept >= self.LENGTHS:
-            self._ended -= int(not self._capped[i])
-        capped = left <= self.max_k + 1
         self._length[i] = output + 1  # its last step yields at least one token
-        self._capped[i] = capped
-        self._ended += int(not capped)
+        self._capped[i] = left <= self.max_k + 1
         self._kept += 1
 
     def left(self, output: np.ndarray, left: np.ndarray) -> np.ndarray:
         """Expected tokens left of requests with ``output`` tokens generated and at
         most ``left`` more (each at most ``left``, at least 1)."""
-        if self._ended < self.MIN_LENGTHS:
-            return left
         n = min(self._kept, self.LENGTHS)
+        if n - int(self._capped[:n].sum()) < self.MIN_LENGTHS:  # ended below their caps
+            return left
         cap = (output + left)[:, None]
         reach = np.where(self._capped[:n], cap, np.minimum(self._length[:n], cap))
         past = reach > output[:, None]
