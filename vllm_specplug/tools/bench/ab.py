@@ -17,8 +17,10 @@ ceiling) serves every arm, chosen per request through ``vllm_xargs``:
 A cell (workload, concurrency c) is ``waves`` waves of c prompts; every arm
 sends a wave's same prompts with ``vllm bench serve`` (vLLM's own client,
 ``--extra-body`` carrying the arm's ``vllm_xargs``), one arm after another,
-and the order rotates from wave to wave, so a drift of the host falls on
-every arm alike.  Per arm: output tokens/s (tokens over the waves' summed
+in an order that changes from wave to wave (``wave_orders``: every arm
+at every place in the order, and after every other arm, equally often),
+so neither a drift of the host nor what an arm leaves behind for the
+next falls on one arm more than another.  Per arm: output tokens/s (tokens over the waves' summed
 durations), TTFT and TPOT; per cell, the ratio adaptive / each arm with a
 bootstrap 90% interval over waves (waves resampled, each arm's rate pooled
 over the resample).  The grid's first cell runs again at the end: how far
@@ -60,6 +62,30 @@ CONCURRENCY = {"qwen": (1, 4, 8), "smollm-ngram": (1, 4, 8), "tiny": (1, 2)}
 # requests a wave is one batch, and two waves of one arm measured up to 19% apart
 # (the plain arm, Qwen ShareGPT c=8, grid at e20e290), so those cells take 4.
 WAVES = {1: 6, 4: 4, 8: 4}
+
+
+def wave_orders(n: int) -> list[list[int]]:
+    """The orders of ``n`` arms the waves take in turn: a Williams design.
+
+    Each order is followed by its reverse, so over any two waves in a row
+    every arm's mean place is the middle one, and over the whole cycle
+    (``2 n`` orders) every arm follows every other exactly twice, in first
+    place as often as in last.  A rotation of one order (arm ``i`` at place
+    ``i + wave``) always puts the same arm before each: in the grid at
+    ``6ad0efa`` the adaptive arm always ran right after ``k8``, and where it
+    decoded exactly as plain it measured 0.972x plain's rate (16 waves)."""
+    first, lo, hi = [0], 1, n - 1
+    while lo <= hi:
+        first.append(lo)
+        lo += 1
+        if lo <= hi:
+            first.append(hi)
+            hi -= 1
+    orders = []
+    for i in range(n):
+        row = [(a + i) % n for a in first]
+        orders += [row, row[::-1]]
+    return orders
 
 
 def arms_of(setup: str) -> list[tuple[str, int | None]]:
@@ -273,10 +299,12 @@ def main(argv: list[str] | None = None) -> int:
             warm = dataclasses.replace(first, concurrency=1, index=-1, path=str(warm_path))
             for arm, k in arms:
                 run_wave(client, server, warm, setup, target, out, arm, k)
+            orders, turn = wave_orders(len(arms)), 0
             for cell in cells:
                 for wave in cell:
-                    shift = wave.index % len(arms)
-                    for arm, k in arms[shift:] + arms[:shift]:
+                    order = orders[turn % len(orders)]
+                    turn += 1
+                    for arm, k in (arms[i] for i in order):
                         t = time.time()
                         try:
                             rec = run_wave(client, server, wave, setup, target, out, arm, k)
