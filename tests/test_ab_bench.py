@@ -29,6 +29,29 @@ def test_paired_ratio_pools_each_arm_and_cancels_a_drift_both_arms_share():
     assert ab_report.paired_ratio(a, []) == {}
 
 
+def test_no_difference_check_reads_the_waves_where_adaptive_drafted_nothing(tmp_path):
+    def run(arm, wave, rate, prefix):
+        return dict(setup="s", arm=arm, workload="w", concurrency=4, repeat=False, wave=wave,
+                    total_output_tokens=64, duration=64 / rate, request_id_prefix=prefix)
+
+    runs = [run("plain", 0, 10, "ab-plain-0-"), run("adaptive", 0, 9.5, "ab-adaptive-0-"),
+            run("plain", 1, 10, "ab-plain-1-"), run("adaptive", 1, 10.5, "ab-adaptive-1-"),
+            run("plain", 2, 10, "ab-plain-2-"), run("adaptive", 2, 14, "ab-adaptive-2-")]
+    plans = [{"ab-adaptive-0-0-x": 0, "ab-plain-0-0-x": 0}, {"ab-adaptive-1-0-x": 0},
+             {"ab-adaptive-2-0-x": 0}, {"ab-adaptive-2-0-x": 3}]  # wave 2 drafted
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "s-ab-trace.jsonl").write_text("".join(
+        json.dumps({"event": "plan", "requests": {f"cmpl-{r}": {"k": k} for r, k in p.items()}})
+        + "\n" + json.dumps({"event": "verify", "requests": {}}) + "\n" for p in plans))
+    marked = ab_report.mark_drafting(runs, tmp_path)
+    assert [r.get("drafted") for r in marked] == [None, False, None, False, None, True]
+    check = ab_report.null_check(marked)["s"]
+    assert check["waves"] == 2 and check["mean"] == pytest.approx(1.0)
+    assert check["lowest"] == pytest.approx(0.95) and check["highest"] == pytest.approx(1.05)
+    # Without a trace nothing is marked and there is no check.
+    assert ab_report.null_check(ab_report.mark_drafting(runs, tmp_path / "none")) == {}
+
+
 def test_each_arm_sends_its_k_in_vllm_xargs_beside_the_grammar():
     argv = ["--model", "m", "--extra-body", json.dumps({"structured_outputs": {"json": {}}})]
     out = ab._with_xargs(argv, 4)
@@ -73,6 +96,8 @@ def test_ab_mode_end_to_end_on_tiny_models(tmp_path):
     assert order[:3] != order[3:6] and sorted(order[:3]) == sorted(order[3:6])
     for r in res["runs"]:
         assert r["completed"] == 1 and r["failed"] == 0
+        assert r["request_id_prefix"].startswith(f"ab-{r['arm']}-easy-c1-")
+    assert res["null_check"] == {}  # no decision trace
     cell = res["cells"][0]
     assert cell["differs_from_plain"] == []  # one server, every arm, plain's greedy text
     assert set(cell["vs"]) == {"plain", "k2"} and cell["best_fixed"] == "k2"

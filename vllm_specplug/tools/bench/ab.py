@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vllm_specplug.tools.bench import served
-from vllm_specplug.tools.bench.ab_report import markdown, summarise, write
+from vllm_specplug.tools.bench.ab_report import mark_drafting, markdown, summarise, write
 from vllm_specplug.tools.bench.server import (Server, free_port, resident_gib, server_command,
                                               server_env)
 from vllm_specplug.tools.bench.served_client import KEEP, client_args, per_request, vllm_bench_serve
@@ -194,7 +194,9 @@ def run_wave(client: Client, server, wave: Wave, setup, tokenizer_path: str, out
     result_dir = out / "raw" / setup.name / arm
     result_dir.mkdir(parents=True, exist_ok=True)
     name = raw_name(wave.workload, wave.concurrency, wave.repeat, wave.index)
-    argv = _with_xargs(client_args(server, cell, setup, tokenizer_path, result_dir, name), k)
+    prefix = f"ab-{arm}-{name[:-5]}-"  # the server's request ids carry it (the trace's too)
+    argv = _with_xargs(client_args(server, cell, setup, tokenizer_path, result_dir, name)
+                       + ["--request-id-prefix", prefix], k)
     log = result_dir / (name[:-5] + ".log")
     try:
         client.run(argv, log)
@@ -203,7 +205,7 @@ def run_wave(client: Client, server, wave: Wave, setup, tokenizer_path: str, out
         raise RuntimeError(f"vllm bench serve failed on {arm} {wave.cell} wave {wave.index} "
                            f"({e!r}); log: {log}") from e
     rec = {k_: raw.get(k_) for k_ in KEEP if k_ in raw}
-    rec.update(setup=setup.name, arm=arm, k=k, workload=wave.workload,
+    rec.update(setup=setup.name, arm=arm, k=k, request_id_prefix=prefix, workload=wave.workload,
                concurrency=wave.concurrency, wave=wave.index, repeat=wave.repeat,
                **per_request(raw))
     return rec
@@ -249,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
             (src / "raw" / r["setup"] / r["arm"] / raw_name(
                 r["workload"], r["concurrency"], r["repeat"], r["wave"])).read_text())))
             for r in res["runs"]]
-        res = summarise(runs, res["meta"], res["failures"])
+        res = summarise(mark_drafting(runs, src), res["meta"], res["failures"])
         write(res, src)
         print(markdown(res))
         return 0
@@ -334,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
                 output_tokens={s.name: s.output_tokens for s, *_ in plan},
                 arms={s.name: [a for a, _ in arms_of(s.name)] for s, *_ in plan},
                 servers=servers)
-    res = summarise(runs, meta, failures)
+    res = summarise(mark_drafting(runs, out), meta, failures)
     write(res, out)
     print(markdown(res))
     return 1 if failures else 0

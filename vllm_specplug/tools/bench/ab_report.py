@@ -1,6 +1,8 @@
 """The interleaved A/B's statistics and report (``ab.py`` runs it): per cell the paired
 ratio of the adaptive arm over each other arm with a bootstrap interval over waves,
-``results.md``, ``results.json``, ``ab-ratios.png`` and ``ab-speedup.png``."""
+``results.md``, ``results.json``, ``ab-ratios.png`` and ``ab-speedup.png``; with the
+decision trace, the instrument's own reading where the two arms cannot differ
+(``mark_drafting``, ``null_check``)."""
 
 from __future__ import annotations
 
@@ -34,6 +36,71 @@ def paired_ratio(a: list[dict], b: list[dict], rng=None) -> dict:
                 waves=len(waves))
 
 
+def mark_drafting(runs: list[dict], out: Path) -> list[dict]:
+    """``runs`` with ``drafted`` set on each adaptive run the decision trace
+    (``logs/<setup>-ab-trace.jsonl``, ``--trace``) covers: whether the plugin
+    planned a draft for any of its requests.  A run is found by its request
+    ids' prefix (``request_id_prefix``, else the one its client log names)."""
+    traced = {}
+    for setup in {r["setup"] for r in runs}:
+        path = out / "logs" / f"{setup}-ab-trace.jsonl"
+        if not path.is_file():
+            continue
+        most: dict[str, int] = {}
+        with open(path) as f:
+            for line in f:
+                if '"plan"' not in line:
+                    continue
+                for rid, v in json.loads(line).get("requests", {}).items():
+                    most[rid] = max(most.get(rid, 0), int(v.get("k", 0)))
+        traced[setup] = most
+    marked = []
+    for r in runs:
+        most = traced.get(r["setup"])
+        prefix = r.get("request_id_prefix") or _logged_prefix(out, r)
+        if r["arm"] == "adaptive" and most is not None and prefix:
+            ks = [k for rid, k in most.items() if prefix in rid]
+            if ks:
+                r = dict(r, drafted=max(ks) > 0)
+        marked.append(r)
+    return marked
+
+
+def _logged_prefix(out: Path, r: dict) -> str | None:
+    """The request-id prefix a run's client log names (runs that did not record it)."""
+    from vllm_specplug.tools.bench.ab import raw_name
+
+    log = (out / "raw" / r["setup"] / r["arm"]
+           / raw_name(r["workload"], r["concurrency"], r["repeat"], r["wave"])[:-5])
+    log = log.with_name(log.name + ".log")
+    if not log.is_file():
+        return None
+    for line in open(log):
+        if "request_id_prefix='" in line:
+            return line.split("request_id_prefix='")[1].split("'")[0]
+    return None
+
+
+def null_check(runs: list[dict]) -> dict:
+    """Per setup, the waves where the adaptive arm drafted nothing (``mark_drafting``):
+    it decoded as the plain arm does, so adaptive / plain there is what the
+    instrument reads where there is no difference.  Its mean is the bias, its
+    SD the noise, of one wave's ratio."""
+    plain = {(r["setup"], r["workload"], r["concurrency"], r["repeat"], r["wave"]): r
+             for r in runs if r["arm"] == "plain"}
+    out = {}
+    for r in runs:
+        p = plain.get((r["setup"], r["workload"], r["concurrency"], r["repeat"], r["wave"]))
+        if r["arm"] == "adaptive" and r.get("drafted") is False and p:
+            rate = (r["total_output_tokens"] / r["duration"]) / (
+                p["total_output_tokens"] / p["duration"])
+            out.setdefault(r["setup"], []).append(rate)
+    return {s: dict(waves=len(v), mean=round(float(np.mean(v)), 4),
+                    sd=round(float(np.std(v, ddof=1)), 4) if len(v) > 1 else None,
+                    lowest=round(min(v), 4), highest=round(max(v), 4))
+            for s, v in out.items()}
+
+
 def summarise(runs: list[dict], meta: dict, failures: list[dict]) -> dict:
     cells = []
     keys = list(dict.fromkeys((r["setup"], r["workload"], r["concurrency"], r["repeat"])
@@ -65,7 +132,7 @@ def summarise(runs: list[dict], meta: dict, failures: list[dict]) -> dict:
                           if "plain" in v and t != v["plain"]})
         cells.append(dict(setup=s, workload=w, concurrency=c, repeat=rep, arms=per,
                           best_fixed=best, vs=ratios, differs_from_plain=differs))
-    return dict(meta=meta, cells=cells, failures=failures, runs=[
+    return dict(meta=meta, cells=cells, failures=failures, null_check=null_check(runs), runs=[
         {k: v for k, v in r.items() if k not in ("texts", "tpots_ms", "ttfts_ms")}
         for r in runs])
 
@@ -121,6 +188,14 @@ def markdown(res: dict) -> str:
             if r1 and r2:
                 lines.append(f"Repeatability: the first cell's adaptive / {b} was {r1:.3f}, run "
                              f"again at the end {r2:.3f} ({100 * (r2 / r1 - 1):+.1f}%).")
+        null = res.get("null_check", {}).get(s)
+        if null and null["sd"] is not None:
+            lines.append(
+                f"No-difference check (decision trace): in {null['waves']} waves the adaptive arm "
+                f"drafted nothing, decoding as plain does; adaptive / plain there was "
+                f"{null['mean']:.3f} on average, SD {null['sd']:.3f} a wave (lowest "
+                f"{null['lowest']:.3f}, highest {null['highest']:.3f}): the instrument's bias "
+                f"and noise where the arms cannot differ.")
         lines.append("")
     for f in res["failures"]:
         lines.append(f"FAILED: {f['setup']} {f.get('arm')} {f.get('cell')}: {f['error'][:200]}")
