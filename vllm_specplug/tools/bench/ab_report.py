@@ -40,7 +40,7 @@ def mark_drafting(runs: list[dict], out: Path) -> list[dict]:
     """``runs`` with ``drafted`` set on each adaptive run the decision trace
     (``logs/<setup>-ab-trace.jsonl``, ``--trace``) covers: whether the plugin
     planned a draft for any of its requests.  A run is found by its request
-    ids' prefix (``request_id_prefix``, else the one its client log names)."""
+    ids' prefix (``request_id_prefix``)."""
     traced = {}
     for setup in {r["setup"] for r in runs}:
         path = out / "logs" / f"{setup}-ab-trace.jsonl"
@@ -57,28 +57,13 @@ def mark_drafting(runs: list[dict], out: Path) -> list[dict]:
     marked = []
     for r in runs:
         most = traced.get(r["setup"])
-        prefix = r.get("request_id_prefix") or _logged_prefix(out, r)
+        prefix = r.get("request_id_prefix")
         if r["arm"] == "adaptive" and most is not None and prefix:
             ks = [k for rid, k in most.items() if prefix in rid]
             if ks:
                 r = dict(r, drafted=max(ks) > 0)
         marked.append(r)
     return marked
-
-
-def _logged_prefix(out: Path, r: dict) -> str | None:
-    """The request-id prefix a run's client log names (runs that did not record it)."""
-    from vllm_specplug.tools.bench.ab import raw_name
-
-    log = (out / "raw" / r["setup"] / r["arm"]
-           / raw_name(r["workload"], r["concurrency"], r["repeat"], r["wave"])[:-5])
-    log = log.with_name(log.name + ".log")
-    if not log.is_file():
-        return None
-    for line in open(log):
-        if "request_id_prefix='" in line:
-            return line.split("request_id_prefix='")[1].split("'")[0]
-    return None
 
 
 def null_check(runs: list[dict]) -> dict:
