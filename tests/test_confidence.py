@@ -9,11 +9,13 @@ from vllm_specplug.controller.confidence import (PRIOR_WEIGHT, ConfidenceCalibra
 
 
 def rule(cond, caps, slot_cuts=(0.0,), pass_cut=0.0, cal=None, ids=None):
+    """A rule whose every further pass is priced ``pass_cut`` (a number, or one per pass)."""
     cond = np.asarray(cond, dtype=np.float64)
     cal = cal or ConfidenceCalibration(cond.shape[1])
+    cuts = np.broadcast_to(np.asarray(pass_cut, dtype=np.float64), (cond.shape[1],)).copy()
     return StopRule(ids or [f"r{i}" for i in range(cond.shape[0])], cond,
                     np.asarray(caps, dtype=np.int64), *cal.observed(), cal.edges,
-                    np.asarray(slot_cuts, dtype=np.float64), pass_cut)
+                    np.asarray(slot_cuts, dtype=np.float64), cuts)
 
 
 def test_a_cold_calibration_leaves_the_history_estimate_as_it_is():
@@ -110,6 +112,41 @@ def test_the_loop_ends_when_no_next_position_pays_its_pass():
     assert st.after_position(np.array([0.5, 0.5]))
 
 
+def test_each_further_pass_is_priced_at_its_own_place():
+    # The second pass is free, the third dear: the loop runs the second, stops before the third.
+    st = DraftStopper(rule([[0.9] * 6], [6], pass_cut=[0.0, 0.85, 0.0, 0.0, 0.0, 0.0]),
+                      np.array([0]))
+    assert st.after_position(np.array([0.9]))      # 0.81 expected from the second pass >= 0
+    assert not st.after_position(np.array([0.9]))  # 0.73 from the third < 0.85
+    assert list(st.limits()) == [2]
+
+
+def test_a_pass_past_the_plans_row_is_priced_at_the_correction_of_its_own_count():
+    """Steps of eight passes measured dearer than the profile (the correction's 8+ row)
+    while four-pass steps ran at it: a four-pass plan's stop prices passes five to seven
+    at the profile's pass, the eighth at what an eight-pass plan costs over a seven-pass
+    one, as the argmax prices them."""
+    profile = StepProfile([1, 16, 128], [1.0, 1.0, 1.2], [0.15] * 3, [1, 64], [0.05, 0.06])
+    ctrl = SpecController(ControllerSettings(max_k=8), profile)
+    pricer = ctrl.pricer
+    for _ in range(200):
+        for k_step, scale in ((4, 1.0), (8, 1.5)):
+            tokens = 1 + k_step
+            pricer.observe(tokens, 1, k_step, scale * pricer.profiled(tokens, 1, k_step))
+    ctrl.add_request("a")
+    for _ in range(8):  # good drafts
+        d = ctrl.plan(["a"])
+        ctrl.observe_verifications(["a"], d.k, d.k)
+    d = ctrl.plan(["a"])
+    r = ctrl.stop_rule(d)
+    assert r is not None and d.k_step >= 1
+    cuts = r.pass_cuts  # cuts[j]: the pass after j + 1
+    rate = d.predicted_tokens / d.predicted_seconds
+    assert cuts[3:6] == pytest.approx(np.full(3, rate * 0.05), rel=0.1)  # passes 5-7
+    # The eighth: the whole seven-pass step's cost rises by half, more than ten passes.
+    assert cuts[6] > 10 * cuts[5]
+
+
 def test_caps_fallback_rows_and_rows_the_plan_did_not_cover():
     r = rule([[0.99] * 4, [0.99] * 4], [2, 0])
     st = DraftStopper(r, np.array([0, 1, -1]))
@@ -132,7 +169,8 @@ def test_the_controller_sends_a_rule_only_for_an_unpinned_drafting_plan():
     r = ctrl.stop_rule(d)
     assert r is not None and r.req_ids == ids and list(r.caps) == [4, 4]
     rate = d.predicted_tokens / d.predicted_seconds
-    assert r.pass_cut == pytest.approx(rate * 0.05, rel=0.05)
+    # Every further pass at the profile's 0.05 s (no correction learnt yet).
+    assert r.pass_cuts == pytest.approx(np.full(3, rate * 0.05), rel=0.05)
     assert ctrl.stop_rule(ctrl.plan(ids, fixed_k_step=4)) is None
     for rid in ids:
         ctrl.set_ceiling(rid, 0)
@@ -189,7 +227,7 @@ def test_a_prefill_chunk_in_the_step_does_not_make_every_pass_pay():
         r = ctrl.stop_rule(d)
         pos = stop_position(r)
         assert abs(pos - d.k_step) <= 1, (chunk, pos, d.k_step)
-        cuts[chunk] = r.pass_cut
+        cuts[chunk] = r.pass_cuts[0]
     # The step with the chunk takes several times as long; its slots cost more
     # (600 tokens on), its pass is worth about as much.
     assert cuts[600] > 0.7 * cuts[0]

@@ -27,8 +27,11 @@ drafted tokens, and
   take the cheapest places;
 - the next position runs while the slots it can add are worth its pass
   (their expected survivals less the price of the places they would take,
-  summed over the requests still drafting, at least ``pass_cut``: the rate
-  times the pass's seconds).
+  summed over the requests still drafting, at least ``pass_cuts``: the rate
+  times the pass's seconds at the plan's prices, and past the plan's K_step
+  what that pass adds to the step as the argmax prices a plan of so many
+  passes, each pass count at its own correction: a plan of four passes
+  does not price an eighth at its own row's level).
 
 A deeper slot's survival is never above the one before it, so a pass that
 does not pay now cannot be made to pay by the passes after it: stopping at
@@ -123,7 +126,7 @@ class StopRule:
     verified: np.ndarray     # [bins]
     edges: np.ndarray
     slot_cuts: np.ndarray    # [m]: survival the step's (m+1)-th kept draft needs (the last repeats)
-    pass_cut: float          # expected tokens a further position must add to pay its pass
+    pass_cuts: np.ndarray    # [j]: expected tokens the position after j + 1 passes must add
 
 
 def plan_stop_rule(req_ids, rows, ceilings, pr, decision, probing, estimator,
@@ -145,7 +148,8 @@ def plan_stop_rule(req_ids, rows, ceilings, pr, decision, probing, estimator,
     n = int(k.sum())
     # What each further verified draft adds to the step, up to every cap's worth.
     m = min(max(int(caps.sum()), n) + 1, pr.by_n.size)
-    ratio = pr.ratios(m)[decision.k_step]
+    by_pass = pr.ratios(m)
+    ratio = by_pass[decision.k_step]
     slot_s = np.maximum(np.diff(pr.by_n[:m] * ratio[:m]), 0.0)
     n = min(n, ratio.size - 1)
     # The rate the argmax maximised: the plan's tokens over its decoding
@@ -155,9 +159,19 @@ def plan_stop_rule(req_ids, rows, ceilings, pr, decision, probing, estimator,
     tokens = decision.predicted_tokens
     seconds = (pr.by_n[n] + (decision.k_step - 1) * pr.draft_pass) * ratio[n]
     rate = tokens / max(float(seconds) + pr.owed * tokens, 1e-12)
+    # What each further pass adds to the step: up to the plan's K_step, a pass
+    # at the plan's price; past it, the plan's slots run with p + 1 passes less
+    # with p, each priced as the argmax prices it, at its pass count's
+    # correction (served at one request, the eighth pass cost 0.12 s where the
+    # fifth to seventh cost 0.05-0.07 s: the 8+ row learns it, the plan's row
+    # does not).
+    k_step = decision.k_step
+    by_count = (pr.by_n[n] + np.arange(by_pass.shape[0] - 1) * pr.draft_pass) * by_pass[1:, n]
+    pass_s = np.full(by_count.size - 1, pr.draft_pass * ratio[n])
+    pass_s[k_step - 1:] = np.maximum(np.diff(by_count[k_step - 1:]), 0.0)
     return StopRule(list(req_ids), estimator.conditional(rows), caps.astype(np.int64),
                     *calibration.observed(), calibration.edges,
-                    slot_cuts=rate * slot_s, pass_cut=rate * pr.draft_pass * ratio[n])
+                    slot_cuts=rate * slot_s, pass_cuts=rate * pass_s)
 
 
 class DraftStopper:
@@ -200,7 +214,9 @@ class DraftStopper:
         if not self.active.any() or j + 1 >= width:
             return False
         nxt = self.survival[self.active] * self.cond[self.active, j + 1]
-        return float(np.maximum(nxt - self._cuts(nxt), 0.0).sum()) >= self.rule.pass_cut
+        cuts = self.rule.pass_cuts
+        cut = float(cuts[min(j, cuts.size - 1)]) if cuts.size else 0.0
+        return float(np.maximum(nxt - self._cuts(nxt), 0.0).sum()) >= cut
 
     def _cuts(self, survival: np.ndarray) -> np.ndarray:
         """The price of the places ``survival``'s slots would take, surest first, after the
