@@ -148,25 +148,24 @@ def plan_stop_rule(req_ids, rows, ceilings, pr, decision, probing, estimator,
     n = int(k.sum())
     # What each further verified draft adds to the step, up to every cap's worth.
     m = min(max(int(caps.sum()), n) + 1, pr.by_n.size)
+    k_step = decision.k_step
     by_pass = pr.ratios(m)
-    ratio = by_pass[decision.k_step]
+    ratio = by_pass[k_step]
     slot_s = np.maximum(np.diff(pr.by_n[:m] * ratio[:m]), 0.0)
     n = min(n, ratio.size - 1)
+    # The plan's n slots with 1, 2, ... passes, each priced as the argmax prices
+    # it (at its pass count's correction); the plan itself is the K_step-th.
+    by_count = (pr.by_n[n] + np.arange(by_pass.shape[0] - 1) * pr.draft_pass) * by_pass[1:, n]
     # The rate the argmax maximised: the plan's tokens over its decoding
     # seconds, the draft's unseen work owed per token.  Not the step's
     # predicted seconds: a prefill chunk's are the step's whatever is
     # drafted, and would price every pass of a prompt's step as paying.
     tokens = decision.predicted_tokens
-    seconds = (pr.by_n[n] + (decision.k_step - 1) * pr.draft_pass) * ratio[n]
-    rate = tokens / max(float(seconds) + pr.owed * tokens, 1e-12)
+    rate = tokens / max(float(by_count[k_step - 1]) + pr.owed * tokens, 1e-12)
     # What each further pass adds to the step: up to the plan's K_step, a pass
-    # at the plan's price; past it, the plan's slots run with p + 1 passes less
-    # with p, each priced as the argmax prices it, at its pass count's
-    # correction (served at one request, the eighth pass cost 0.12 s where the
-    # fifth to seventh cost 0.05-0.07 s: the 8+ row learns it, the plan's row
-    # does not).
-    k_step = decision.k_step
-    by_count = (pr.by_n[n] + np.arange(by_pass.shape[0] - 1) * pr.draft_pass) * by_pass[1:, n]
+    # at the plan's price; past it, the plan with p + 1 passes less with p
+    # (served at one request, the eighth pass cost 0.12 s where the fifth to
+    # seventh cost 0.05-0.07 s: the 8+ row learns it, the plan's row does not).
     pass_s = np.full(by_count.size - 1, pr.draft_pass * ratio[n])
     pass_s[k_step - 1:] = np.maximum(np.diff(by_count[k_step - 1:]), 0.0)
     return StopRule(list(req_ids), estimator.conditional(rows), caps.astype(np.int64),
