@@ -14,6 +14,7 @@ and the test's input generators from the current checkout::
     patch -p1 -d /tmp/reference < tests/data/reference_pricing.patch
     patch -p1 -d /tmp/reference < tests/data/reference_passes.patch
     patch -p1 -d /tmp/reference < tests/data/reference_horizon.patch
+    patch -p1 -d /tmp/reference < tests/data/reference_offsets.patch
     PYTHONPATH=/tmp/reference:/tmp/reference/tests python tests/data/record_reference.py
 
 The patches give the reference the pricing rules added since: ``ad3b4f0``
@@ -22,10 +23,12 @@ slope), ``reference_pricing.patch`` (a plain decoding shape measured
 lately keeps its own price; a decoding drafting step is corrected against
 the convex curve its plan read), ``reference_passes.patch`` (drafting
 steps keyed by their draft passes, each pass count at its own level
-weighed against the common one) and ``reference_horizon.patch`` (the tokens
+weighed against the common one), ``reference_horizon.patch`` (the tokens
 left as finished requests' lengths say, and a lone new prompt that waits for
-its batch: ``controller/horizon.py``, whose class it copies), each written
-there in the reference's own terms.  A later change of what a decision
+its batch: ``controller/horizon.py``, whose class it copies) and
+``reference_offsets.patch`` (a drafting shape's residual one kept offset per
+request band, none at one request), each written there in the reference's
+own terms.  A later change of what a decision
 prices goes into the reference the same way, so that the test keeps checking
 only how the controller computes its decisions.
 

@@ -3,8 +3,8 @@
 ``ProfileCorrection`` is the only price learnt from live steps: per band of
 step size, the median ratio of measured to profiled time, tracked with a
 fixed step in log space and clipped to [0.5, 2].  Drafting steps share a
-level per count of draft passes, each shape (tokens, requests) its own
-residual over it; a plain decoding shape measured lately keeps its own
+level per count of draft passes, times an offset per band of requests
+(none at one request); a plain decoding shape measured lately keeps its own
 price, which drafting steps never move.  A few slow first steps move a price a few
 percent, not to one that keeps drafting off for good.
 """
@@ -29,13 +29,14 @@ def band(n, bands):
 
 
 @numba.njit(cache=True)
-def _band_ratios(logs, rows, js, batch, level, own, weight, low, high, start, count):
+def _band_ratios(chunk, offset, rows, js, batch, level, own, weight, low, high, start, count):
     """``ProfileCorrection.ratio`` at ``start``, ``start + 1``, ... tokens (token
     bands by ``band``), one row per K_step ``js[j]``: up to ``batch * (1 +
-    js[j])`` tokens ``logs[rows[j]]`` over that pass row's level (its ``own``
-    weighed against ``level`` by ``weight``), past it row 0's over ``level``."""
+    js[j])`` tokens that pass row's level (its ``own`` weighed against
+    ``level`` by ``weight``), past it ``level`` plus ``chunk`` (a step with a
+    prefill chunk, by token band); either plus the batch's ``offset``."""
     out = np.empty((rows.size, count))
-    bands = logs.shape[1]
+    bands = chunk.shape[0]
     for j in range(rows.size):
         limit = batch * (1 + js[j])
         end, t, i = start + count, start, 0
@@ -43,11 +44,11 @@ def _band_ratios(logs, rows, js, batch, level, own, weight, low, high, start, co
             b = band(t, bands)
             stop = end if b == bands - 1 else min(end, 1 << (b + 1))
             r = rows[j] if t <= limit else 0
-            lv = level
+            lv = level + chunk[b]
             if r:
                 stop = min(stop, limit + 1)
                 lv = level + weight[r] * (own[r] - level)
-            v = math.exp(min(max(lv + logs[r, b], low), high))
+            v = math.exp(min(max(lv + offset, low), high))
             while t < stop:
                 out[j, i] = v
                 i += 1
@@ -67,9 +68,17 @@ class ProfileCorrection:
     error of the draft's price (served Qwen pair at eight requests: K = 2
     steps ran 1.02x the profile, K = 1 steps 1.15x; keyed by tokens alone,
     the K = 1 plans read the K = 2 steps' ratio).  A drafting shape's ratio is
-    the level of its draft passes times its own residual, so a shape the
-    policy has not run is priced at its passes' level, as the shapes it
-    runs are, and plans in different shapes compare at one price.  The
+    the level of its draft passes times the offset of its band of requests,
+    so a shape the policy has not run is priced at its passes' level, as the
+    shapes it runs are, and plans in different shapes compare at one price.
+    The offset (none at one request) is what the band's drafting steps
+    measured over that level, learnt by the same step rule and kept: eight
+    requests' drafting steps ran 1.0x the profile where one request's ran
+    0.7-0.8x (served Qwen pair, A/B at f8c9bab), and a price shared across
+    batch sizes started each eight-request drafting episode 12% low.  It is
+    learnt at the share that one request's drafting steps ran lately: steps
+    of one band alone cannot tell the host's error from the band's, and
+    leave it all to the level, which plain priors follow.  The
     passes' level is their own running ratio where steps with those passes
     ran lately, weighed against the level common to all drafting steps (a
     host faster than when the profile was cached, contexts longer than the
@@ -92,14 +101,14 @@ class ProfileCorrection:
     ratio, and the level or the offset, toward its own by at most ``step``
     (running medians): a stall or a few cold first steps move a price by a
     few percent at most, a steady mismatch is absorbed within a few dozen
-    steps.  Ratios stay in [``low``, ``high``]; residuals are forgotten
-    toward the level, plain shapes' and pass counts' weights toward their
-    prior, the level and the offset toward 1 (``forget`` per observed
-    step): the profile remains the source of the price.  Per request band
-    it also counts the decoding plain steps it has seen, forgotten at the
-    same rate (``plain_seen``): a band whose plain price nothing has
-    measured lately is priced from the prior only (``SpecController``
-    probes it).
+    steps.  Ratios stay in [``low``, ``high``]; prefill chunks' residuals
+    are forgotten toward the level, plain shapes' and pass counts' weights
+    toward their prior, the level and the plain offset toward 1 (``forget``
+    per observed step): the profile remains the source of the price.  Per
+    request band it also counts the decoding plain steps it has seen,
+    forgotten at the same rate (``plain_seen``): a band whose plain price
+    nothing has measured lately is priced from the prior only
+    (``SpecController`` probes it).
     """
 
     # Power-of-two bands of a step's tokens and of its requests.
@@ -113,7 +122,8 @@ class ProfileCorrection:
     # and K = 2 steps' ratios above).
     PASS_ROWS = 5
     # At most this much (in log) a step; ratios clipped to [LOW, HIGH];
-    # residuals, plain shapes' weights, level and offset forgotten by FORGET a step.
+    # chunks' residuals, plain shapes' weights, level and plain offset
+    # forgotten by FORGET a step (the request bands' offsets are kept).
     # Source: the stall and warm-up tests (test_profile.py); constants_sweep.py
     # at 59dd374: a 0.8-1.25 clip and a forgetting of 0 or 0.02 decide alike.
     STEP = 0.02
@@ -134,8 +144,14 @@ class ProfileCorrection:
         # common level; its plain ones times the plain offset).
         self._rows = np.zeros(self.PASS_ROWS)
         self._row_weight = np.zeros(self.PASS_ROWS)
-        # Residuals over the rows' levels, by row, request band and token band.
-        self._log = np.zeros((self.PASS_ROWS, self.BATCH_BANDS, self.BANDS))
+        # Drafting steps' offset by request band over their rows' levels
+        # (band 0, one request, stays 0); steps with a prefill chunk: their
+        # residual over the level by request band and token band.
+        self._offset = np.zeros(self.BATCH_BANDS)
+        self._chunk = np.zeros((self.BATCH_BANDS, self.BANDS))
+        # How far one request's drafting steps were run lately (1: the last
+        # drafting step was one), the share of a step the offsets learn.
+        self._single = 0.0
         self._by_width: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # _pass_rows
         # Plain decoding shapes: their own log ratio, and how far it was
         # measured lately (1: the last step was it), against the prior.
@@ -177,8 +193,9 @@ class ProfileCorrection:
             prior = self._level + self._plain
             return prior + self._weight[at] * (self._own[at] - prior)
         row = self.pass_row(tokens, batch, k_step)
-        return (self._row_level(row) + (self._plain if k_step <= 0 else 0.0)
-                + self._log[(row, *at)])
+        if k_step <= 0:
+            return self._level + self._plain + self._chunk[at]
+        return self._row_level(row) + self._offset[at[0]] + (0.0 if row else self._chunk[at])
 
     def ratio(self, tokens: float, batch: int, k_step: int = 1) -> float:
         """The ratio of a step's shape (``k_step`` 0: a plain step)."""
@@ -189,9 +206,10 @@ class ProfileCorrection:
         1``, ... ``start + count - 1`` tokens: row j for K_step j, 1..``width``
         (row 0 is row 1's), each as ``ratio`` reads it."""
         js, rows = self._pass_rows(width)
-        return _band_ratios(self._log[:, band(float(batch), self.BATCH_BANDS)], rows, js,
-                            int(batch), self._level, self._rows, self._row_weight, self.low,
-                            self.high, int(start), int(count))
+        at = band(float(batch), self.BATCH_BANDS)
+        return _band_ratios(self._chunk[at], self._offset[at], rows, js, int(batch), self._level,
+                            self._rows, self._row_weight, self.low, self.high, int(start),
+                            int(count))
 
     def seed(self, plain_batches, repeats: float, plain: float = 1.0,
              drafting: float = 1.0) -> None:
@@ -220,7 +238,8 @@ class ProfileCorrection:
             return False
         at = self._at(tokens, batch)
         plain = k_step <= 0
-        self._log *= self.keep
+        self._chunk *= self.keep
+        self._single *= self.keep
         self._weight *= self.keep
         self._row_weight *= self.keep
         self._plain *= self.keep
@@ -242,16 +261,30 @@ class ProfileCorrection:
             # corrects its own shape only: a chunk's error is not a
             # decoding step's.
             self._level *= self.keep
-            self._log[(0, *at)] = total - self._level - self._plain
+            self._chunk[at] = total - self._level - self._plain
         else:
-            # The common level and the passes' own move toward the step's
-            # error; the shape's residual is what is left over its passes'.
             row = self.pass_row(tokens, batch, k_step)
             if row:
-                self._rows[row] = self._toward(self._row_level(row), seen)
+                # The common level and the passes' own move toward the
+                # step's error less its request band's offset; the offset
+                # toward what is left over the passes' level, at the share
+                # one request's steps (whose band has none) ran lately.
+                offset = self._offset[at[0]]
+                self._rows[row] = self._toward(self._row_level(row), seen - offset)
                 self._row_weight[row] = 1.0
-            self._level = self._toward(self._level * self.keep, seen)
-            self._log[(row, *at)] = total - self._row_level(row)
+                self._level = self._toward(self._level * self.keep, seen - offset)
+                if at[0]:
+                    step = self.step * self._single
+                    self._offset[at[0]] = offset + min(max(
+                        seen - self._row_level(row) - offset, -step), step)
+                else:
+                    self._single = 1.0
+            else:
+                # A prefill chunk's drafting step: its shape's residual over
+                # the level and its band's offset is what is left of its error.
+                offset = self._offset[at[0]]
+                self._level = self._toward(self._level * self.keep, seen - offset)
+                self._chunk[at] = total - self._level - offset
         self.observations += 1
         return True
 
@@ -261,15 +294,16 @@ class ProfileCorrection:
 
     def learnt(self) -> dict[str, float]:
         """The level (``"common"``), the plain steps' offset (``"plain"``), each pass
-        row's level run lately (``"k<K_step>"``, its first K_step) and the
-        drafting shapes steps have moved, as ``"<tokens>x<batch>k<K_step>"``
-        (each band's first value; ``k0``: steps with a prefill chunk) -> ratio."""
+        row's level run lately (``"k<K_step>"``, its first K_step), the request
+        bands' offsets drafting steps learnt (``"x<batch>"``, the band's first
+        value) and the prefill chunk shapes steps have moved (``"<tokens>x<batch>k0"``)
+        -> ratio."""
         first = lambda p: 0 if p == 0 else 1 << (int(p) - 1)  # noqa: E731
         clip = lambda x: round(math.exp(min(max(x, self.low), self.high)), 3)  # noqa: E731
-        passes, rows, cols = np.nonzero(self._log)
+        rows, cols = np.nonzero(self._chunk)
         return ({"common": clip(self._level), "plain": clip(self._plain)}
                 | {f"k{first(p)}": clip(self._row_level(p))
                    for p in np.nonzero(self._row_weight)[0]}
-                | {f"{1 << int(c)}x{1 << int(r)}k{first(p)}":
-                   clip(self._row_level(p) + self._log[p, r, c])
-                   for p, r, c in zip(passes, rows, cols)})
+                | {f"x{1 << int(r)}": clip(self._offset[r]) for r in np.nonzero(self._offset)[0]}
+                | {f"{1 << int(c)}x{1 << int(r)}k0": clip(self._level + self._chunk[r, c])
+                   for r, c in zip(rows, cols)})
