@@ -339,13 +339,13 @@ def test_a_ratio_learnt_at_one_request_does_not_price_a_batch_of_four():
 
 
 def test_a_request_bands_drafting_price_stays_while_other_bands_draft():
-    # Served Qwen pair on a CPU, the A/B at f8c9bab: eight requests'
-    # drafting steps ran 1.0x their profile price, one request's and the
-    # fixed-k arms' 0.7-0.8x.  With one price per pass count shared by every
-    # batch size, the steps of other sizes run between two eight-request
-    # drafting waves carried it back to 0.75x, and each wave's first plans
-    # priced a K=1 step of eight 12% under what it ran (drafting where plain
-    # was faster).  Each request band keeps the offset its drafting steps
+    # Served Qwen pair on a CPU, the A/B at f8c9bab (one server for every
+    # arm): with one price per pass count shared by every batch size, the
+    # steps of other sizes and pass counts run between two eight-request
+    # drafting waves carried it back to their level, and each wave's first
+    # ten steps ran 13% over their price (drafting where plain was faster).
+    # Here one request's steps run at 0.75x their profile price, eight
+    # requests' at 1.0x.  Each request band keeps the offset its drafting steps
     # learnt over the pass counts' levels, learnt while one request's
     # drafting steps (the band without one) run too: one band's steps alone
     # cannot tell the host's error from the band's, and go to the level

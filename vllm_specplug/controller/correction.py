@@ -72,10 +72,11 @@ class ProfileCorrection:
     so a shape the policy has not run is priced at its passes' level, as the
     shapes it runs are, and plans in different shapes compare at one price.
     The offset (none at one request) is what the band's drafting steps
-    measured over that level, learnt by the same step rule and kept: eight
-    requests' drafting steps ran 1.0x the profile where one request's ran
-    0.7-0.8x (served Qwen pair, A/B at f8c9bab), and a price shared across
-    batch sizes started each eight-request drafting episode 12% low.  It is
+    measured over that level, learnt by the same step rule and kept: priced
+    at the level that the steps of other batch sizes and pass counts had
+    set, each eight-request drafting episode's first ten steps ran 13% over
+    their price (served Qwen pair, one server for every arm, A/B at
+    f8c9bab; 5% with the offset, replayed).  It is
     learnt at the share that one request's drafting steps ran lately: steps
     of one band alone cannot tell the host's error from the band's, and
     leave it all to the level, which plain priors follow.  The
