@@ -246,8 +246,10 @@ class ProfileCorrection:
         self._plain *= self.keep
         self._plain_seen *= self.keep
         seen = math.log(measured / profiled)
-        # The shape's own price moves one step whatever the level does.
-        total = self._toward(self._log_ratio(tokens, batch, k_step), seen)
+        row = 0 if plain else self.pass_row(tokens, batch, k_step)
+        # A plain or prefill chunk shape's own price moves one step whatever
+        # the level does (a decoding drafting step's is its row's and band's).
+        total = 0.0 if row else self._toward(self._log_ratio(tokens, batch, k_step), seen)
         if plain and tokens <= batch:
             # A plain decoding shape keeps its own price: drafting steps,
             # which move the level, never move it.  The offset is the
@@ -264,28 +266,25 @@ class ProfileCorrection:
             self._level *= self.keep
             self._chunk[at] = total - self._level - self._plain
         else:
-            row = self.pass_row(tokens, batch, k_step)
+            # The common level and the passes' own move toward the step's
+            # error less its request band's offset; the offset toward what
+            # is left over the passes' level, at the share one request's
+            # steps (whose band has none) ran lately.  A prefill chunk's
+            # drafting step: its shape's residual is what is left of its
+            # error over the level and the offset.
+            offset = self._offset[at[0]]
             if row:
-                # The common level and the passes' own move toward the
-                # step's error less its request band's offset; the offset
-                # toward what is left over the passes' level, at the share
-                # one request's steps (whose band has none) ran lately.
-                offset = self._offset[at[0]]
                 self._rows[row] = self._toward(self._row_level(row), seen - offset)
                 self._row_weight[row] = 1.0
-                self._level = self._toward(self._level * self.keep, seen - offset)
-                if at[0]:
-                    step = self.step * self._single
-                    self._offset[at[0]] = offset + min(max(
-                        seen - self._row_level(row) - offset, -step), step)
-                else:
-                    self._single = 1.0
-            else:
-                # A prefill chunk's drafting step: its shape's residual over
-                # the level and its band's offset is what is left of its error.
-                offset = self._offset[at[0]]
-                self._level = self._toward(self._level * self.keep, seen - offset)
+            self._level = self._toward(self._level * self.keep, seen - offset)
+            if not row:
                 self._chunk[at] = total - self._level - offset
+            elif at[0]:
+                step = self.step * self._single
+                self._offset[at[0]] = offset + min(max(
+                    seen - self._row_level(row) - offset, -step), step)
+            else:
+                self._single = 1.0
         self.observations += 1
         return True
 
